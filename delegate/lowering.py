@@ -1,0 +1,146 @@
+"""LoweringContext: how an op's `lower(ctx, node)` turns an edge fx node into IR nodes.
+
+Op declarations in delegate/ops call only these methods, so they never touch the graph
+signature, the named-data store or the symbol table themselves.
+"""
+from __future__ import annotations
+
+import hashlib
+import operator
+from typing import Optional
+
+import torch
+import torch.fx
+
+from delegate.errors import UnsupportedError
+from delegate.ir import Graph, Node, SymbolBinding, TensorValue
+
+WEIGHT_ALIGNMENT = 16
+
+
+def sym_text(x) -> "int | str":
+    """An int stays an int; a SymInt becomes the text of its sympy expression."""
+    if isinstance(x, torch.SymInt):
+        expr = x.node.expr
+        return int(expr) if expr.is_number else str(expr)
+    return int(x)
+
+
+class LoweringContext:
+    def __init__(self, graph: Graph, upper_bounds: dict, named_data=None):
+        self.graph = graph
+        self._ids: dict = {}             # fx node -> value id (or list of ids for tuples)
+        self._bounds = upper_bounds      # symbol name -> int upper bound
+        self._named_data = named_data    # executorch NamedDataStore or None
+        self.weight_keys: list = []
+
+    # ---- values --------------------------------------------------------------------------
+    def tensor(self, arg) -> int:
+        """Value id of a tensor argument: an fx node already lowered (or a getitem of one)."""
+        if isinstance(arg, torch.fx.Node) and arg in self._ids:
+            vid = self._ids[arg]
+            if isinstance(vid, list):
+                raise UnsupportedError(f"{arg.name}: expected a tensor, got a tuple of tensors")
+            return vid
+        if isinstance(arg, torch.fx.Node) and arg.target is operator.getitem:
+            return self._ids[arg.args[0]][arg.args[1]]
+        raise UnsupportedError(f"argument {arg!r}: expected a lowered tensor node, got none")
+
+    def optional_tensor(self, arg) -> int:
+        return -1 if arg is None else self.tensor(arg)
+
+    def output(self, node: torch.fx.Node) -> int:
+        """Create the value for a node's single tensor output from its meta['val']."""
+        vid = self.graph.add_value(self._tensor_value(node.meta["val"]))
+        self._ids[node] = vid
+        return vid
+
+    def outputs(self, node: torch.fx.Node) -> list:
+        """Create one value per element of a tuple-valued node; getitem nodes map onto them."""
+        ids = [self.graph.add_value(self._tensor_value(v)) for v in node.meta["val"]]
+        self._ids[node] = ids
+        return ids
+
+    def alias(self, node: torch.fx.Node, vid: int) -> None:
+        """The node's result is an existing value (no kernel runs for it)."""
+        self._ids[node] = vid
+
+    def constant(self, tensor: torch.Tensor, name: str = "") -> int:
+        """A weight: its bytes go to the named-data store keyed by sha256, 16-byte aligned."""
+        t = tensor.detach().contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        key = "etwgpu." + hashlib.sha256(data + str((t.dtype, tuple(t.shape))).encode()).hexdigest()
+        if self._named_data is not None:
+            self._named_data.add_named_data(key, data, alignment=WEIGHT_ALIGNMENT)
+        self.weight_keys.append(key)
+        shape = tuple(int(s) for s in t.shape)
+        return self.graph.add_value(TensorValue(t.dtype, shape, shape, key))
+
+    def bind_constant(self, node: torch.fx.Node, tensor: torch.Tensor) -> int:
+        vid = self.constant(tensor, node.name)
+        self._ids[node] = vid
+        return vid
+
+    def bind_input(self, node: torch.fx.Node) -> int:
+        """A user input of the delegate: records which symbols its dims define."""
+        val = node.meta["val"]
+        vid = self.graph.add_value(self._tensor_value(val))
+        self._ids[node] = vid
+        idx = len(self.graph.inputs)
+        self.graph.inputs.append(vid)
+        bound = {b.name for b in self.graph.symbols}
+        for d, s in enumerate(val.shape):
+            text = sym_text(s)
+            if isinstance(text, str) and text.isidentifier() and text not in bound:
+                self.graph.symbols.append(SymbolBinding(text, idx, d))
+                bound.add(text)
+        return vid
+
+    # ---- sizes and nodes -----------------------------------------------------------------
+    def dim(self, x) -> "int | str":
+        """A size argument: an int, a SymInt, or an fx node producing a SymInt."""
+        if isinstance(x, torch.fx.Node):
+            x = x.meta["val"]
+        return sym_text(x)
+
+    def dims(self, xs) -> list:
+        return [self.dim(x) for x in xs]
+
+    def emit(self, op: str, inputs: list, outputs: list, **attrs) -> Node:
+        n = Node(op, list(inputs), list(outputs), dict(attrs))
+        self.graph.nodes.append(n)
+        return n
+
+    def upper_bound(self, d: "int | str") -> int:
+        if isinstance(d, int):
+            return d
+        from delegate.symexpr import evaluate
+
+        return evaluate(d, self._bounds)
+
+    def _tensor_value(self, val) -> TensorValue:
+        if not isinstance(val, torch.Tensor):
+            raise UnsupportedError(f"value: expected a tensor, got {type(val).__name__}")
+        dims = tuple(sym_text(s) for s in val.shape)
+        return TensorValue(val.dtype, dims, tuple(self.upper_bound(d) for d in dims))
+
+
+def simple_lower(op: str, tensor_args: tuple = (0,), attrs: Optional[dict] = None):
+    """A lower() for the common shape: some positional tensor args, some scalar attributes.
+
+    attrs maps attribute name -> (positional index or kwarg name, default).
+    """
+    attrs = attrs or {}
+
+    def lower(ctx: LoweringContext, node: torch.fx.Node) -> None:
+        ins = [ctx.optional_tensor(_arg(node, i, None)) for i in tensor_args]
+        values = {k: _arg(node, where, default) for k, (where, default) in attrs.items()}
+        ctx.emit(op, ins, [ctx.output(node)], **values)
+
+    return lower
+
+
+def _arg(node: torch.fx.Node, where, default):
+    if isinstance(where, int):
+        return node.args[where] if len(node.args) > where else default
+    return node.kwargs.get(where, default)

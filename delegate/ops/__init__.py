@@ -1,0 +1,122 @@
+"""The op registry: one declaration per op or op family.
+
+Each family module (delegate/ops/<family>.py) calls `register_op` for the ops it defines. An
+OpDef says which edge targets the op covers, which dtypes it accepts, when a node is supported,
+how the node lowers to an IR node, and how output shapes follow from input shapes. The
+partitioner's `is_node_supported` and `ops_to_not_decompose` are read from here, the runtime's
+shape inference too, so this module must stay free of export-time imports (targets are names).
+
+Third parties add ops through the `etwgpu.ops` entry-point group: a module that calls
+`register_op` on import.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from delegate.errors import DelegateError, UnknownOperatorError
+
+Shape = tuple  # tuple[int, ...]
+# infer(input_shapes, attrs) -> output shapes; input_shapes has None for absent optional inputs.
+InferFn = Callable[[list, dict], list]
+# check(node) -> None when supported, else a short reason the partitioner can report.
+CheckFn = Callable[[object], Optional[str]]
+# lower(ctx, node) emits IR node(s) through the preprocess LoweringContext.
+LowerFn = Callable[[object, object], None]
+
+FLOAT_DTYPES = (torch.float32,)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str                      # our op name: IR node op, CPU and WGSL kernel key
+    targets: tuple                 # edge op names, as str(node.target): "aten.add.Tensor"
+    infer: InferFn
+    lower: LowerFn
+    dtypes: tuple = FLOAT_DTYPES   # dtypes of the floating tensors the op reads and writes
+    check: Optional[CheckFn] = None
+    keep: tuple = ()               # ATen ops to keep from decomposition: "aten.linear.default"
+    doc: str = ""
+
+
+_OPS: dict[str, OpDef] = {}
+_BY_TARGET: dict[str, OpDef] = {}
+_FAMILIES = (
+    "elementwise", "linear", "normalization", "softmax", "shape", "embedding", "attention",
+    "symbolic", "gated_delta_rule",
+)
+_loaded = False
+
+
+def register_op(
+    name: str,
+    targets: Sequence[str],
+    infer: InferFn,
+    lower: LowerFn,
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    check: Optional[CheckFn] = None,
+    keep: Sequence[str] = (),
+    doc: str = "",
+) -> OpDef:
+    """Declare an op. Raises DelegateError if the name or a target is already taken."""
+    if name in _OPS:
+        raise DelegateError(f"op {name!r}: expected a new name, got one already registered")
+    op = OpDef(name, tuple(targets), infer, lower, tuple(dtypes), check, tuple(keep), doc)
+    for t in op.targets:
+        if t in _BY_TARGET:
+            raise DelegateError(
+                f"target {t!r}: expected one owner, got {_BY_TARGET[t].name!r} and {name!r}"
+            )
+    _OPS[name] = op
+    for t in op.targets:
+        _BY_TARGET[t] = op
+    return op
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for fam in _FAMILIES:
+        try:
+            importlib.import_module(f"delegate.ops.{fam}")
+        except ModuleNotFoundError as e:
+            if e.name != f"delegate.ops.{fam}":
+                raise
+    for ep in entry_points(group="etwgpu.ops"):
+        ep.load()
+
+
+def all_ops() -> dict[str, OpDef]:
+    _load()
+    return dict(_OPS)
+
+
+def get_op(name: str) -> OpDef:
+    _load()
+    try:
+        return _OPS[name]
+    except KeyError:
+        raise UnknownOperatorError(
+            f"operator {name!r}: expected one of the registered ops, got an unknown name"
+        ) from None
+
+
+def op_for_target(target) -> Optional[OpDef]:
+    """The OpDef whose targets include this fx node target, or None."""
+    _load()
+    return _BY_TARGET.get(target_name(target))
+
+
+def target_name(target) -> str:
+    """'aten.add.Tensor' for edge ops, ATen overloads and their string names alike."""
+    name = getattr(target, "_name", None) or str(target)  # EdgeOpOverload and OpOverload
+    name = name.replace("::", ".")
+    if name.count(".") == 1:  # "aten.linear" style (default overload)
+        name += ".default"
+    return name

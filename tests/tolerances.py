@@ -1,0 +1,23 @@
+"""The one table of numerical tolerances. Every kernel test compares against an independent
+float64 reference and takes its (rtol, atol) from here, keyed by op family and executor."""
+
+# family -> {executor: (rtol, atol)}; float32 kernels vs float64 eager references.
+TOLERANCES = {
+    "elementwise":      {"cpu": (1e-6, 1e-6), "webgpu": (1e-5, 1e-5)},
+    "transcendental":   {"cpu": (1e-5, 1e-6), "webgpu": (1e-4, 1e-5)},  # exp, tanh, gelu, ...
+    "matmul":           {"cpu": (1e-5, 1e-5), "webgpu": (1e-4, 1e-4)},
+    "softmax":          {"cpu": (1e-5, 1e-6), "webgpu": (1e-4, 1e-5)},
+    "normalization":    {"cpu": (1e-5, 1e-5), "webgpu": (1e-4, 1e-4)},
+    "shape":            {"cpu": (0.0, 0.0),   "webgpu": (0.0, 0.0)},    # exact copies
+    "embedding":        {"cpu": (0.0, 0.0),   "webgpu": (0.0, 0.0)},
+    "attention":        {"cpu": (1e-5, 1e-5), "webgpu": (1e-4, 1e-4)},
+    # outputs and final states, relative to max |reference| (issue: within 1e-4 relative)
+    "gated_delta_rule": {"cpu": (1e-4, 1e-4)},
+    # whole models through the runner vs eager float32 PyTorch
+    "model":            {"cpu": (1e-4, 1e-4), "webgpu": (1e-3, 1e-3)},
+}
+
+
+def tol(family: str, executor: str = "cpu") -> dict:
+    rtol, atol = TOLERANCES[family][executor]
+    return {"rtol": rtol, "atol": atol}
