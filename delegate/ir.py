@@ -12,7 +12,19 @@ from typing import Optional, Union
 
 import torch
 
-Dim = Union[int, str]           # an int, or a symbolic expression over the graph's symbols
+
+
+class SymExpr(str):
+    """A symbolic size: the text of an integer expression over the graph's symbols ("2*s0").
+
+    A str subclass so it serialises as text, yet stays distinct from string attributes
+    such as gelu's approximate="tanh".
+    """
+
+    __slots__ = ()
+
+
+Dim = Union[int, SymExpr]       # an int, or a symbolic expression over the graph's symbols
 AttrValue = Union[None, bool, int, float, str, list]
 
 
@@ -25,7 +37,7 @@ class TensorValue:
 
     @property
     def is_dynamic(self) -> bool:
-        return any(isinstance(d, str) for d in self.dims)
+        return any(isinstance(d, SymExpr) for d in self.dims)
 
 
 @dataclass
@@ -79,4 +91,4 @@ class Graph:
 
 
 def is_sym(x) -> bool:
-    return isinstance(x, str)
+    return isinstance(x, SymExpr)

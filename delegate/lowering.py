@@ -13,7 +13,7 @@ import torch
 import torch.fx
 
 from delegate.errors import UnsupportedError
-from delegate.ir import Graph, Node, SymbolBinding, TensorValue
+from delegate.ir import Graph, Node, SymbolBinding, SymExpr, TensorValue
 
 WEIGHT_ALIGNMENT = 16
 
@@ -22,7 +22,7 @@ def sym_text(x) -> "int | str":
     """An int stays an int; a SymInt becomes the text of its sympy expression."""
     if isinstance(x, torch.SymInt):
         expr = x.node.expr
-        return int(expr) if expr.is_number else str(expr)
+        return int(expr) if expr.is_number else SymExpr(str(expr))
     return int(x)
 
 
@@ -112,8 +112,8 @@ class LoweringContext:
         return n
 
     def upper_bound(self, d: "int | str") -> int:
-        if isinstance(d, int):
-            return d
+        if not isinstance(d, SymExpr):
+            return int(d)
         from delegate.symexpr import evaluate
 
         return evaluate(d, self._bounds)

@@ -11,6 +11,7 @@ import functools
 import operator
 
 from delegate.errors import BlobError
+from delegate.ir import SymExpr
 
 _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -62,8 +63,8 @@ def _eval(n, env, expr):
 
 
 def resolve(x, env: dict):
-    """Ints pass through; expression strings are evaluated; lists are resolved element-wise."""
-    if isinstance(x, str):
+    """Ints and plain strings pass through; SymExpr are evaluated; lists element-wise."""
+    if isinstance(x, SymExpr):
         return evaluate(x, env)
     if isinstance(x, (list, tuple)):
         return type(x)(resolve(e, env) for e in x)
