@@ -113,6 +113,11 @@ def op_for_target(target) -> Optional[OpDef]:
     return _BY_TARGET.get(target_name(target))
 
 
+def is_symbolic(op: OpDef) -> bool:
+    """Symbolic ops (named sym_*) fold into symbolic sizes at lowering and need no kernel."""
+    return op.name.startswith("sym_")
+
+
 def target_name(target) -> str:
     """'aten.add.Tensor' for edge ops, ATen overloads and their string names alike."""
     name = getattr(target, "_name", None) or str(target)  # EdgeOpOverload and OpOverload

@@ -1,0 +1,5 @@
+import sys
+
+from delegate.cli import main
+
+sys.exit(main())

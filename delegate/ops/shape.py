@@ -1,0 +1,298 @@
+"""Shape ops: view, permute (and transpose / t), slice, select, cat, expand, unsqueeze,
+squeeze, split and clone. Every one is a copy on CPU (edge has only the *_copy forms).
+
+The shape arithmetic here (dim normalisation, broadcasting, numel) is shared by every family,
+so the rules torch follows live in one place.
+"""
+from __future__ import annotations
+
+import torch
+
+from delegate.errors import DelegateError, expect
+from delegate.ops import register_op, target_name
+
+_INT_MAX = 2 ** 63 - 1
+
+
+# ---- shape arithmetic shared by the families ---------------------------------------------------
+def arg(node, index: int, name: str, default=None):
+    """A call argument given positionally or by keyword (edge uses both)."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def norm_dim(d: int, ndim: int, what: str = "dim") -> int:
+    """Torch's dim wrapping; a 0-d tensor accepts dims 0 and -1."""
+    n = max(ndim, 1)
+    expect(-n <= d < n, DelegateError, what, f"a dim in [{-n}, {n})", d)
+    return d % n
+
+
+def numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def broadcast(*shapes) -> tuple:
+    """Numpy/torch broadcasting of shapes (None entries are skipped)."""
+    shapes = [tuple(s) for s in shapes if s is not None]
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        sizes = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        big = sizes - {1}
+        expect(len(big) <= 1, DelegateError, "broadcast", f"sizes equal or 1 in {shapes}",
+               sorted(sizes))
+        out.append(big.pop() if big else 1)
+    return tuple(out)
+
+
+def one_input(in_shapes, count: int = 1) -> None:
+    expect(len(in_shapes) >= count and all(s is not None for s in in_shapes[:count]),
+           DelegateError, "inputs", f"{count} tensor shapes", in_shapes)
+
+
+def tensor_args(node) -> list:
+    args = list(node.args) + list(node.kwargs.values())
+    flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
+    return [a for a in flat if isinstance(a, torch.fx.Node)
+            and isinstance(a.meta.get("val"), torch.Tensor)]
+
+
+def float_inputs(node) -> "str | None":
+    """Reason unless every tensor argument is float32 (mixed dtypes promote in torch)."""
+    for a in tensor_args(node):
+        if a.meta["val"].dtype != torch.float32:
+            return f"input {a.name}: expected float32, got {a.meta['val'].dtype}"
+    return None
+
+
+# ---- view / expand -------------------------------------------------------------------------
+def _infer_view(in_shapes, attrs):
+    one_input(in_shapes)
+    size, total = list(attrs["sizes"]), numel(in_shapes[0])
+    holes = [i for i, s in enumerate(size) if s == -1]
+    expect(len(holes) <= 1, DelegateError, "view sizes", "at most one -1", size)
+    known = numel(s for s in size if s != -1)
+    if holes:
+        expect(known > 0 and total % known == 0, DelegateError, "view sizes",
+               f"a shape compatible with {total} elements", size)
+        size[holes[0]] = total // known
+    expect(numel(size) == total, DelegateError, "view numel", total, f"{numel(size)} for {size}")
+    return [tuple(size)]
+
+
+def _lower_view(ctx, node):
+    ctx.emit("view", [ctx.tensor(node.args[0])], [ctx.output(node)], sizes=ctx.dims(node.args[1]))
+
+
+def _infer_expand(in_shapes, attrs):
+    one_input(in_shapes)
+    src, size = tuple(in_shapes[0]), list(attrs["sizes"])
+    expect(len(size) >= len(src), DelegateError, "expand rank", f">= {len(src)}", len(size))
+    lead = len(size) - len(src)
+    for i, s in enumerate(src):
+        want = size[lead + i]
+        if want == -1:
+            size[lead + i] = s
+        else:
+            expect(s in (1, want), DelegateError, f"expand dim {lead + i}", f"{s} or from 1", want)
+    expect(all(s >= 0 for s in size[:lead]), DelegateError, "expand new dims", ">= 0", size[:lead])
+    return [tuple(size)]
+
+
+def _lower_expand(ctx, node):
+    ctx.emit("expand", [ctx.tensor(node.args[0])], [ctx.output(node)],
+             sizes=ctx.dims(node.args[1]))
+
+
+# ---- permute / transpose / t ------------------------------------------------------------------
+def _infer_permute(in_shapes, attrs):
+    one_input(in_shapes)
+    src, dims = in_shapes[0], attrs["dims"]
+    expect(sorted(norm_dim(d, len(src)) for d in dims) == list(range(len(src))), DelegateError,
+           "permute dims", f"a permutation of {len(src)} dims", dims)
+    return [tuple(src[norm_dim(d, len(src))] for d in dims)]
+
+
+def _lower_permute(ctx, node):
+    rank = node.args[0].meta["val"].dim()
+    name = target_name(node.target)
+    if name == "aten.transpose_copy.int":
+        a, b = (norm_dim(d, rank) for d in node.args[1:3])
+        dims = list(range(rank))
+        dims[a], dims[b] = b, a
+    elif name == "aten.t_copy.default":
+        dims = list(range(rank))[::-1]  # t() of a 1-D tensor is the identity
+    else:
+        dims = [norm_dim(d, rank) for d in node.args[1]]
+    ctx.emit("permute", [ctx.tensor(node.args[0])], [ctx.output(node)], dims=dims)
+
+
+# ---- slice / select ----------------------------------------------------------------------------
+def slice_bounds(size: int, start, end, step: int) -> tuple:
+    """Torch's clamping: None and huge sentinels mean the edge; negatives count from the end."""
+    start = 0 if start is None else start
+    end = size if end is None or end >= _INT_MAX else end
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end, step
+
+
+def _infer_slice(in_shapes, attrs):
+    one_input(in_shapes)
+    src = list(in_shapes[0])
+    d = norm_dim(attrs["dim"], len(src))
+    expect(attrs["step"] >= 1, DelegateError, "slice step", ">= 1", attrs["step"])
+    start, end, step = slice_bounds(src[d], attrs["start"], attrs["end"], attrs["step"])
+    src[d] = (end - start + step - 1) // step
+    return [tuple(src)]
+
+
+def _size_arg(ctx, x):
+    return None if x is None else ctx.dim(x)
+
+
+def _lower_slice(ctx, node):
+    rank = node.args[0].meta["val"].dim()
+    ctx.emit("slice", [ctx.tensor(node.args[0])], [ctx.output(node)],
+             dim=norm_dim(arg(node, 1, "dim", 0), rank),
+             start=_size_arg(ctx, arg(node, 2, "start")), end=_size_arg(ctx, arg(node, 3, "end")),
+             step=int(arg(node, 4, "step", 1)))
+
+
+def _infer_select(in_shapes, attrs):
+    one_input(in_shapes)
+    src = list(in_shapes[0])
+    d = norm_dim(attrs["dim"], len(src))
+    i = attrs["index"]
+    expect(-src[d] <= i < src[d], DelegateError, "select index", f"in [{-src[d]}, {src[d]})", i)
+    return [tuple(src[:d] + src[d + 1:])]
+
+
+def _lower_select(ctx, node):
+    rank = node.args[0].meta["val"].dim()
+    ctx.emit("select", [ctx.tensor(node.args[0])], [ctx.output(node)],
+             dim=norm_dim(node.args[1], rank), index=ctx.dim(node.args[2]))
+
+
+# ---- cat / split -------------------------------------------------------------------------------
+def _infer_cat(in_shapes, attrs):
+    # torch still skips legacy empty 1-D inputs of shape (0,) next to higher-rank ones
+    shapes = [tuple(s) for s in in_shapes if s is not None and tuple(s) != (0,)] or [(0,)]
+    ref = shapes[0]
+    d = norm_dim(attrs["dim"], len(ref))
+    for s in shapes[1:]:
+        same = len(s) == len(ref) and all(a == b for i, (a, b) in enumerate(zip(s, ref)) if i != d)
+        expect(same, DelegateError, "cat shapes", f"{ref} except dim {d}", s)
+    return [ref[:d] + (sum(s[d] for s in shapes),) + ref[d + 1:]]
+
+
+def _lower_cat(ctx, node):
+    tensors = node.args[0]
+    rank = node.meta["val"].dim()
+    ctx.emit("cat", [ctx.tensor(t) for t in tensors], [ctx.output(node)],
+             dim=norm_dim(arg(node, 1, "dim", 0), rank))
+
+
+def _infer_split(in_shapes, attrs):
+    one_input(in_shapes)
+    src = tuple(in_shapes[0])
+    d = norm_dim(attrs["dim"], len(src))
+    sizes = attrs["split_sizes"]
+    expect(sum(sizes) == src[d] and min(sizes, default=0) >= 0, DelegateError, "split sizes",
+           f"non-negative sizes summing to {src[d]}", sizes)
+    return [src[:d] + (s,) + src[d + 1:] for s in sizes]
+
+
+def _lower_split(ctx, node):
+    rank = node.args[0].meta["val"].dim()
+    ctx.emit("split", [ctx.tensor(node.args[0])], ctx.outputs(node),
+             split_sizes=ctx.dims(node.args[1]), dim=norm_dim(arg(node, 2, "dim", 0), rank))
+
+
+# ---- unsqueeze / squeeze / clone ---------------------------------------------------------------
+def _infer_unsqueeze(in_shapes, attrs):
+    one_input(in_shapes)
+    src = list(in_shapes[0])
+    d = norm_dim(attrs["dim"], len(src) + 1)
+    return [tuple(src[:d] + [1] + src[d:])]
+
+
+def _lower_unsqueeze(ctx, node):
+    rank = node.args[0].meta["val"].dim()
+    ctx.emit("unsqueeze", [ctx.tensor(node.args[0])], [ctx.output(node)],
+             dim=norm_dim(node.args[1], rank + 1))
+
+
+def _infer_squeeze(in_shapes, attrs):
+    one_input(in_shapes)
+    src = in_shapes[0]
+    dims = {norm_dim(d, len(src)) for d in attrs["dims"]}
+    # torch: squeezing a dim whose size is not 1 leaves it in place
+    return [tuple(s for i, s in enumerate(src) if not (i in dims and s == 1))]
+
+
+def _lower_squeeze(ctx, node):
+    val = node.args[0].meta["val"]
+    dims = arg(node, 1, "dim", None)
+    dims = range(val.dim()) if dims is None else [dims] if isinstance(dims, int) else dims
+    # only dims that are statically 1 squeeze, so a dynamic dim never changes the rank at run time
+    dims = {norm_dim(d, val.dim()) for d in dims} if val.dim() else set()
+    keep = sorted(d for d in dims if isinstance(val.shape[d], int) and val.shape[d] == 1)
+    ctx.emit("squeeze", [ctx.tensor(node.args[0])], [ctx.output(node)], dims=keep)
+
+
+def _check_clone(node):
+    order = node.kwargs.get("dim_order")
+    rank = node.meta["val"].dim()
+    if order is not None and list(order) != list(range(rank)):
+        return f"dim_order: expected contiguous {list(range(rank))}, got {list(order)}"
+    mf = node.kwargs.get("memory_format")
+    if mf not in (None, torch.contiguous_format, torch.preserve_format):
+        return f"memory_format: expected contiguous, got {mf}"
+    return float_inputs(node)
+
+
+def _check_float(node):
+    return float_inputs(node)
+
+
+def _same_shape(in_shapes, attrs):
+    one_input(in_shapes)
+    return [tuple(in_shapes[0])]
+
+
+def _lower_clone(ctx, node):
+    ctx.emit("clone", [ctx.tensor(node.args[0])], [ctx.output(node)])
+
+
+register_op("view", ("aten.view_copy.default", "aten._unsafe_view.default"), _infer_view,
+            _lower_view, check=_check_float, doc="reshape; sizes may hold one -1")
+register_op("expand", ("aten.expand_copy.default",), _infer_expand, _lower_expand,
+            check=_check_float, doc="broadcast to sizes; -1 keeps a dim")
+register_op("permute", ("aten.permute_copy.default", "aten.transpose_copy.int",
+                        "aten.t_copy.default"), _infer_permute, _lower_permute,
+            check=_check_float, doc="reorder dims (transpose and t lower to a permutation)")
+register_op("slice", ("aten.slice_copy.Tensor",), _infer_slice, _lower_slice,
+            check=_check_float, doc="start:end:step along dim, torch clamping")
+register_op("select", ("aten.select_copy.int",), _infer_select, _lower_select,
+            check=_check_float, doc="index along dim (negative counts from the end)")
+register_op("cat", ("aten.cat.default",), _infer_cat, _lower_cat, check=_check_float,
+            doc="concatenate any number of tensors along dim")
+register_op("split", ("aten.split_with_sizes_copy.default",), _infer_split, _lower_split,
+            check=_check_float, doc="split along dim into pieces of the given sizes")
+register_op("unsqueeze", ("aten.unsqueeze_copy.default",), _infer_unsqueeze, _lower_unsqueeze,
+            check=_check_float, doc="insert a size-1 dim")
+register_op("squeeze", ("aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
+                        "aten.squeeze_copy.default"), _infer_squeeze, _lower_squeeze,
+            check=_check_float, doc="drop size-1 dims")
+register_op("clone", ("aten.clone.default", "aten.alias_copy.default",
+                      "dim_order_ops._clone_dim_order.default",
+                      "dim_order_ops._to_dim_order_copy.default"), _same_shape, _lower_clone,
+            check=_check_clone, doc="contiguous float32 copy")

@@ -1,0 +1,161 @@
+"""WgpuPartitioner: claims the nodes the op registry supports on the chosen device.
+
+`is_node_supported` and `ops_to_not_decompose` read the same registry and the same support
+check, so every node kept from decomposition is a node we claim (to_edge_transform_and_lower
+raises on a kept node nobody claims).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from typing import Optional
+
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import tag_constant_data
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from delegate import ops as registry
+from delegate.errors import DelegateError
+
+log = logging.getLogger("etwgpu")
+DEVICES = ("webgpu", "cpu")
+BACKEND_ID = "WgpuBackend"
+
+
+def kernel_exists(op_name: str, device: str) -> bool:
+    if device == "cpu":
+        import kernels_cpu
+
+        return kernels_cpu.has_kernel(op_name)
+    import kernels_wgsl
+
+    return kernels_wgsl.has_kernel(op_name)
+
+
+class RegistrySupport(OperatorSupportBase):
+    """Node support from the op registry; remembers why each unsupported node was rejected."""
+
+    def __init__(self, device: str, upper_bounds: dict):
+        self.device = device
+        self.upper_bounds = upper_bounds
+        self.rejected: Counter = Counter()
+
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        reason = self.reason(node)
+        if reason is not None and node.op == "call_function":
+            self.rejected[f"{registry.target_name(node.target)}: {reason}"] += 1
+        return reason is None
+
+    def reason(self, node: torch.fx.Node) -> Optional[str]:
+        if node.op != "call_function":
+            return "not a call"
+        op = registry.op_for_target(node.target)
+        if op is None:
+            return "no op registered"
+        if not registry.is_symbolic(op) and not kernel_exists(op.name, self.device):
+            return f"no {self.device} kernel"
+        why = self._check_values(op, node)
+        if why is None and op.check is not None:
+            why = op.check(node)
+        return why
+
+    def _check_values(self, op, node) -> Optional[str]:
+        vals = node.meta.get("val")
+        vals = vals if isinstance(vals, (list, tuple)) else [vals]
+        for v in vals:
+            if not isinstance(v, torch.Tensor):
+                continue
+            if op.dtypes and v.dtype not in op.dtypes:
+                return f"dtype {v.dtype} not in {[str(d) for d in op.dtypes]}"
+            for s in v.shape:
+                if isinstance(s, torch.SymInt) and not self._bounded(s):
+                    return f"dynamic size {s} has no upper bound"
+        return None
+
+    def _bounded(self, s: torch.SymInt) -> bool:
+        syms = {str(x) for x in s.node.expr.free_symbols}
+        return all(math.isfinite(self.upper_bounds.get(x, math.inf)) for x in syms)
+
+
+def upper_bounds(ep) -> dict:
+    """symbol name -> upper bound (inf when unbounded) from the program's range constraints."""
+    out = {}
+    for sym, vr in ep.range_constraints.items():
+        try:
+            out[str(sym)] = int(vr.upper)
+        except (TypeError, ValueError, OverflowError):
+            out[str(sym)] = math.inf
+    return out
+
+
+class WgpuPartitioner(Partitioner):
+    def __init__(self, device: str = "webgpu"):
+        if device not in DEVICES:
+            raise DelegateError(f"WgpuPartitioner device: expected one of {DEVICES}, got {device!r}")
+        self.device = device
+        specs = [CompileSpec("device", device.encode())]
+        self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
+        self.last_rejections: Counter = Counter()
+        super().__init__()
+
+    def partition(self, exported_program) -> PartitionResult:
+        support = RegistrySupport(self.device, upper_bounds(exported_program))
+        gm = exported_program.graph_module
+        proposed = CapabilityBasedPartitioner(
+            gm, support, allows_single_node_partition=True
+        ).propose_partitions()
+        tags = {}
+        for i, part in enumerate(_prune_symbolic(proposed)):
+            tag = f"etwgpu_{i}"
+            for node in part:
+                node.meta["delegation_tag"] = tag
+            tags[tag] = self.delegation_spec
+        tag_constant_data(exported_program)
+        self.last_rejections = support.rejected
+        if support.rejected:
+            log.info("etwgpu: not delegated: %s", dict(support.rejected))
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+    def ops_to_not_decompose(self, ep):
+        support = RegistrySupport(self.device, upper_bounds(ep))
+        keep = []
+        for op in registry.all_ops().values():
+            if kernel_exists(op.name, self.device):
+                keep.extend(_resolve_aten(name) for name in op.keep)
+
+        def claim(node: torch.fx.Node) -> bool:
+            return support.reason(node) is None
+
+        return [k for k in keep if k is not None], claim
+
+
+def _resolve_aten(name: str):
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload, None)
+
+
+def _prune_symbolic(partitions) -> list:
+    """Keep size queries (sym_size) only where all their users are in the same partition, and
+    drop partitions left with no tensor work: a delegate never returns a bare SymInt."""
+    kept = []
+    for part in partitions:
+        nodes = set(part.nodes)
+        changed = True
+        while changed:
+            changed = False
+            for n in list(nodes):
+                if _is_symbolic(n) and any(u not in nodes for u in n.users):
+                    nodes.discard(n)
+                    changed = True
+        if any(not _is_symbolic(n) for n in nodes):
+            kept.append(nodes)
+    return kept
+
+
+def _is_symbolic(node) -> bool:
+    op = registry.op_for_target(node.target) if node.op == "call_function" else None
+    return op is not None and registry.is_symbolic(op)

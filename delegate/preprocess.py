@@ -1,0 +1,71 @@
+"""WgpuBackend.preprocess: an edge subgraph -> our IR -> passes -> a FlatBuffers blob.
+
+Weights are not in the blob: they go to the NamedDataStore keyed by sha256 (16-byte aligned),
+so the .pte holds each weight once however many delegates use it.
+"""
+from __future__ import annotations
+
+import operator
+from typing import List
+
+import torch
+from executorch.exir._serialize._named_data_store import NamedDataStore
+from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+from delegate import blob
+from delegate import ops as registry
+from delegate.errors import UnsupportedError
+from delegate.ir import Graph
+from delegate.lowering import LoweringContext
+from delegate.partitioner import upper_bounds
+
+
+class WgpuBackend(BackendDetails):
+    @staticmethod
+    def preprocess(edge_program, compile_specs: List[CompileSpec]) -> PreprocessResult:
+        store = NamedDataStore()
+        graph = lower_to_ir(edge_program, store)
+        return PreprocessResult(
+            processed_bytes=blob.encode(graph),
+            data_store_output=store.get_named_data_store_output(),
+        )
+
+
+def lower_to_ir(ep, named_data=None) -> Graph:
+    """Walk the partition's graph in order; every call goes through its OpDef.lower."""
+    graph = Graph()
+    bounds = {k: v for k, v in upper_bounds(ep).items()}
+    ctx = LoweringContext(graph, bounds, named_data)
+    constants = _constant_inputs(ep)
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in constants:
+                ctx.bind_constant(node, constants[node.name])
+            else:
+                ctx.bind_input(node)
+        elif node.op == "call_function" and node.target is operator.getitem:
+            continue  # ctx.tensor() maps getitem onto the tuple's element values
+        elif node.op == "call_function":
+            op = registry.op_for_target(node.target)
+            if op is None:
+                raise UnsupportedError(
+                    f"node {node.name}: expected a registered op, got {registry.target_name(node.target)}"
+                )
+            op.lower(ctx, node)
+        elif node.op == "output":
+            graph.outputs = [ctx.tensor(a) for a in node.args[0]]
+    return graph
+
+
+def _constant_inputs(ep) -> dict:
+    """placeholder name -> tensor, for parameters, buffers and lifted constants."""
+    sig = ep.graph_signature
+    out = {}
+    for name, target in sig.inputs_to_parameters.items():
+        out[name] = ep.state_dict[target]
+    for name, target in sig.inputs_to_buffers.items():
+        out[name] = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
+    for name, target in sig.inputs_to_lifted_tensor_constants.items():
+        out[name] = ep.constants[target]
+    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}

@@ -1,0 +1,57 @@
+"""Per-execute shape inference shared by the executors: bind symbols from the live inputs,
+check the inputs against the graph, and resolve symbolic attributes."""
+from __future__ import annotations
+
+import torch
+
+from delegate import symexpr
+from delegate.errors import InputError
+from delegate.ir import Graph, SymExpr, TensorValue
+
+
+def bind_inputs(graph: Graph, inputs: list) -> dict:
+    """Check count, dtype, rank and every dim of the inputs; return the symbol environment."""
+    if len(inputs) != len(graph.inputs):
+        raise InputError(f"input count: expected {len(graph.inputs)}, got {len(inputs)}")
+    env = {}
+    for s in graph.symbols:
+        t = inputs[s.input]
+        if isinstance(t, torch.Tensor) and t.dim() > s.dim:
+            env[s.name] = int(t.shape[s.dim])
+    for i, (vid, t) in enumerate(zip(graph.inputs, inputs)):
+        spec = graph.values[vid]
+        if not isinstance(spec, TensorValue):
+            continue
+        _check_input(i, spec, t, env)
+    return env
+
+
+def _check_input(i: int, spec: TensorValue, t, env: dict) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"input {i}: expected a tensor, got {type(t).__name__}")
+    if t.dtype != spec.dtype:
+        raise InputError(f"input {i} dtype: expected {spec.dtype}, got {t.dtype}")
+    if t.dim() != len(spec.dims):
+        raise InputError(f"input {i} rank: expected {len(spec.dims)}, got {t.dim()}")
+    want = tuple(symexpr.resolve(d, env) for d in spec.dims)
+    got = tuple(t.shape)
+    if want != got:
+        raise InputError(f"input {i} shape: expected {_describe(spec)} = {want}, got {got}")
+    for d, (size, bound) in enumerate(zip(got, spec.max_shape)):
+        if size > bound:
+            raise InputError(f"input {i} dim {d}: expected at most {bound}, got {size}")
+
+
+def _describe(spec: TensorValue) -> str:
+    return "(" + ", ".join(str(d) for d in spec.dims) + ")"
+
+
+def live_shape(spec: TensorValue, env: dict) -> tuple:
+    return tuple(symexpr.resolve(d, env) for d in spec.dims)
+
+
+def has_symbols(attrs: dict) -> bool:
+    return any(
+        isinstance(v, SymExpr) or (isinstance(v, list) and any(isinstance(e, SymExpr) for e in v))
+        for v in attrs.values()
+    )
