@@ -6,6 +6,7 @@ signature, the named-data store or the symbol table themselves.
 from __future__ import annotations
 
 import hashlib
+import math
 import operator
 from typing import Optional
 
@@ -13,7 +14,7 @@ import torch
 import torch.fx
 
 from delegate.errors import UnsupportedError
-from delegate.ir import Graph, Node, SymbolBinding, SymExpr, TensorValue
+from delegate.ir import Graph, Node, ScalarValue, SymbolBinding, SymExpr, TensorValue
 
 WEIGHT_ALIGNMENT = 16
 
@@ -82,13 +83,22 @@ class LoweringContext:
         return vid
 
     def bind_input(self, node: torch.fx.Node) -> int:
-        """A user input of the delegate: records which symbols its dims define."""
+        """A user input of the delegate: records which symbols its dims (or value) define."""
         val = node.meta["val"]
+        idx = len(self.graph.inputs)
+        bound = {b.name for b in self.graph.symbols}
+        if isinstance(val, torch.SymInt):
+            # A size computed outside the partition; dim -1 binds the symbol to its value.
+            vid = self.graph.add_value(ScalarValue("int"))
+            text = sym_text(val)
+            if isinstance(text, SymExpr) and text.isidentifier() and text not in bound:
+                self.graph.symbols.append(SymbolBinding(text, idx, -1))
+            self._ids[node] = vid
+            self.graph.inputs.append(vid)
+            return vid
         vid = self.graph.add_value(self._tensor_value(val))
         self._ids[node] = vid
-        idx = len(self.graph.inputs)
         self.graph.inputs.append(vid)
-        bound = {b.name for b in self.graph.symbols}
         for d, s in enumerate(val.shape):
             text = sym_text(s)
             if isinstance(text, str) and text.isidentifier() and text not in bound:
@@ -123,6 +133,17 @@ class LoweringContext:
             raise UnsupportedError(f"value: expected a tensor, got {type(val).__name__}")
         dims = tuple(sym_text(s) for s in val.shape)
         return TensorValue(val.dtype, dims, tuple(self.upper_bound(d) for d in dims))
+
+
+def upper_bounds(ep) -> dict:
+    """symbol name -> upper bound (inf when unbounded) from the program's range constraints."""
+    out = {}
+    for sym, vr in ep.range_constraints.items():
+        try:
+            out[str(sym)] = int(vr.upper)
+        except (TypeError, ValueError, OverflowError):
+            out[str(sym)] = math.inf
+    return out
 
 
 def simple_lower(op: str, tensor_args: tuple = (0,), attrs: Optional[dict] = None):

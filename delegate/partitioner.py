@@ -19,7 +19,9 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from delegate import ops as registry
+from delegate import preprocess  # noqa: F401  (ExecuTorch finds WgpuBackend among loaded BackendDetails)
 from delegate.errors import DelegateError
+from delegate.lowering import upper_bounds
 
 log = logging.getLogger("etwgpu")
 DEVICES = ("webgpu", "cpu")
@@ -81,17 +83,6 @@ class RegistrySupport(OperatorSupportBase):
         return all(math.isfinite(self.upper_bounds.get(x, math.inf)) for x in syms)
 
 
-def upper_bounds(ep) -> dict:
-    """symbol name -> upper bound (inf when unbounded) from the program's range constraints."""
-    out = {}
-    for sym, vr in ep.range_constraints.items():
-        try:
-            out[str(sym)] = int(vr.upper)
-        except (TypeError, ValueError, OverflowError):
-            out[str(sym)] = math.inf
-    return out
-
-
 class WgpuPartitioner(Partitioner):
     def __init__(self, device: str = "webgpu"):
         if device not in DEVICES:
@@ -121,16 +112,25 @@ class WgpuPartitioner(Partitioner):
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
     def ops_to_not_decompose(self, ep):
+        """ATen ops to keep whole (linear, SDPA, rms_norm, ...), and no per-node filter.
+
+        An op is kept only when every one of its nodes in this program is one we will claim,
+        so nothing kept is left unclaimed; otherwise all its nodes decompose and we claim the
+        pieces. We return no filter on purpose: a filter sends ExecuTorch down its
+        EDGE_DO_NOT_DECOMP path, whose re-trace gives a kept SDPA different output strides and
+        then fails on the view that follows it (the usual `y.transpose(1, 2).reshape(...)`).
+        """
         support = RegistrySupport(self.device, upper_bounds(ep))
         keep = []
         for op in registry.all_ops().values():
-            if kernel_exists(op.name, self.device):
-                keep.extend(_resolve_aten(name) for name in op.keep)
-
-        def claim(node: torch.fx.Node) -> bool:
-            return support.reason(node) is None
-
-        return [k for k in keep if k is not None], claim
+            if not kernel_exists(op.name, self.device):
+                continue
+            for aten_op in filter(None, (_resolve_aten(name) for name in op.keep)):
+                nodes = [n for n in ep.graph_module.graph.nodes
+                         if n.op == "call_function" and n.target == aten_op]
+                if all(support.reason(n) is None for n in nodes):
+                    keep.append(aten_op)
+        return keep, None
 
 
 def _resolve_aten(name: str):

@@ -17,8 +17,7 @@ from delegate import blob
 from delegate import ops as registry
 from delegate.errors import UnsupportedError
 from delegate.ir import Graph
-from delegate.lowering import LoweringContext
-from delegate.partitioner import upper_bounds
+from delegate.lowering import LoweringContext, upper_bounds
 
 
 class WgpuBackend(BackendDetails):
@@ -35,8 +34,7 @@ class WgpuBackend(BackendDetails):
 def lower_to_ir(ep, named_data=None) -> Graph:
     """Walk the partition's graph in order; every call goes through its OpDef.lower."""
     graph = Graph()
-    bounds = {k: v for k, v in upper_bounds(ep).items()}
-    ctx = LoweringContext(graph, bounds, named_data)
+    ctx = LoweringContext(graph, upper_bounds(ep), named_data)
     constants = _constant_inputs(ep)
     for node in ep.graph_module.graph.nodes:
         if node.op == "placeholder":

@@ -71,9 +71,18 @@ class CpuExecutor:
         return need
 
     def _max_env(self) -> dict:
+        """Every symbol at its upper bound, read off the dims it binds to."""
         env = {}
         for s in self.graph.symbols:
-            env[s.name] = self.graph.values[self.graph.inputs[s.input]].max_shape[s.dim]
+            spec = self.graph.values[self.graph.inputs[s.input]]
+            if isinstance(spec, TensorValue):
+                env[s.name] = spec.max_shape[s.dim]
+        for vid in self.graph.inputs:  # symbols bound only by scalar inputs
+            spec = self.graph.values[vid]
+            if isinstance(spec, TensorValue):
+                for d, m in zip(spec.dims, spec.max_shape):
+                    if isinstance(d, str) and d.isidentifier():
+                        env.setdefault(d, m)
         return env
 
     # ---- execute -----------------------------------------------------------------------------

@@ -16,13 +16,16 @@ def bind_inputs(graph: Graph, inputs: list) -> dict:
     env = {}
     for s in graph.symbols:
         t = inputs[s.input]
-        if isinstance(t, torch.Tensor) and t.dim() > s.dim:
+        if s.dim == -1 and isinstance(t, (int, torch.SymInt)) and not isinstance(t, bool):
+            env[s.name] = int(t)
+        elif isinstance(t, torch.Tensor) and t.dim() > s.dim >= 0:
             env[s.name] = int(t.shape[s.dim])
     for i, (vid, t) in enumerate(zip(graph.inputs, inputs)):
         spec = graph.values[vid]
-        if not isinstance(spec, TensorValue):
-            continue
-        _check_input(i, spec, t, env)
+        if isinstance(spec, TensorValue):
+            _check_input(i, spec, t, env)
+        elif spec.kind == "int" and (isinstance(t, bool) or not isinstance(t, int)):
+            raise InputError(f"input {i}: expected an int, got {type(t).__name__}")
     return env
 
 
