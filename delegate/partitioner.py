@@ -55,10 +55,13 @@ class RegistrySupport(OperatorSupportBase):
     def reason(self, node: torch.fx.Node) -> Optional[str]:
         if node.op != "call_function":
             return "not a call"
+        pattern = registry.pattern_for(node)
+        if pattern is not None and kernel_exists(pattern.name, self.device):
+            return None
         op = registry.op_for_target(node.target)
         if op is None:
-            return "no op registered"
-        if not registry.is_symbolic(op) and not kernel_exists(op.name, self.device):
+            return "; ".join(["no op registered", *registry.pattern_rejections(node)])
+        if not op.folded and not kernel_exists(op.name, self.device):
             return f"no {self.device} kernel"
         why = self._check_values(op, node)
         if why is None and op.check is not None:
@@ -139,8 +142,9 @@ def _resolve_aten(name: str):
 
 
 def _prune_symbolic(partitions) -> list:
-    """Keep size queries (sym_size) only where all their users are in the same partition, and
-    drop partitions left with no tensor work: a delegate never returns a bare SymInt."""
+    """Keep folded nodes (size queries, weight dequantizes) only where all their users are in
+    the same partition, and drop partitions left with no kernel to run: a delegate never
+    returns a bare SymInt or a value no kernel produced."""
     kept = []
     for part in partitions:
         nodes = set(part.nodes)
@@ -148,14 +152,16 @@ def _prune_symbolic(partitions) -> list:
         while changed:
             changed = False
             for n in list(nodes):
-                if _is_symbolic(n) and any(u not in nodes for u in n.users):
+                if _is_folded(n) and any(u not in nodes for u in n.users):
                     nodes.discard(n)
                     changed = True
-        if any(not _is_symbolic(n) for n in nodes):
+        if any(not _is_folded(n) for n in nodes):
             kept.append(nodes)
     return kept
 
 
-def _is_symbolic(node) -> bool:
-    op = registry.op_for_target(node.target) if node.op == "call_function" else None
-    return op is not None and registry.is_symbolic(op)
+def _is_folded(node) -> bool:
+    if node.op != "call_function" or registry.pattern_for(node) is not None:
+        return False
+    op = registry.op_for_target(node.target)
+    return op is not None and op.folded

@@ -45,15 +45,23 @@ def lower_to_ir(ep, named_data=None) -> Graph:
         elif node.op == "call_function" and node.target is operator.getitem:
             continue  # ctx.tensor() maps getitem onto the tuple's element values
         elif node.op == "call_function":
-            op = registry.op_for_target(node.target)
-            if op is None:
-                raise UnsupportedError(
-                    f"node {node.name}: expected a registered op, got {registry.target_name(node.target)}"
-                )
-            op.lower(ctx, node)
+            _lower_node(ctx, node)
         elif node.op == "output":
             graph.outputs = [ctx.tensor(a) for a in node.args[0]]
     return graph
+
+
+def _lower_node(ctx: LoweringContext, node) -> None:
+    """A matching pattern rooted here wins over the node's own op."""
+    pattern = registry.pattern_for(node)
+    if pattern is not None:
+        return pattern.lower(ctx, node)
+    op = registry.op_for_target(node.target)
+    if op is None:
+        raise UnsupportedError(
+            f"node {node.name}: expected a registered op, got {registry.target_name(node.target)}"
+        )
+    op.lower(ctx, node)
 
 
 def _constant_inputs(ep) -> dict:

@@ -41,13 +41,32 @@ class OpDef:
     check: Optional[CheckFn] = None
     keep: tuple = ()               # ATen ops to keep from decomposition: "aten.linear.default"
     doc: str = ""
+    # A folded op runs no kernel: its users absorb it at lowering (a size query becomes a
+    # symbolic size, a weight dequantize becomes packed weights), so it is claimed only
+    # together with all of its users.
+    folded: bool = False
+
+
+@dataclass(frozen=True)
+class PatternDef:
+    """A multi-node pattern rooted at an anchor node, lowered to one IR op `name`.
+
+    When `match(anchor)` holds, the anchor is lowered by `lower` instead of its OpDef and is
+    supported when a kernel named `name` exists; the producers it absorbs are folded OpDefs.
+    """
+    name: str
+    anchor: str                    # target name of the anchor node: "aten.linear.default"
+    match: Callable                # match(node) -> None when it matches, else why not
+    lower: LowerFn
+    doc: str = ""
 
 
 _OPS: dict[str, OpDef] = {}
+_PATTERNS: dict[str, list] = {}     # anchor target name -> [PatternDef]
 _BY_TARGET: dict[str, OpDef] = {}
 _FAMILIES = (
     "elementwise", "linear", "normalization", "softmax", "shape", "embedding", "attention",
-    "symbolic", "gated_delta_rule",
+    "symbolic", "gated_delta_rule", "q4gsw",
 )
 _loaded = False
 
@@ -61,11 +80,12 @@ def register_op(
     check: Optional[CheckFn] = None,
     keep: Sequence[str] = (),
     doc: str = "",
+    folded: bool = False,
 ) -> OpDef:
     """Declare an op. Raises DelegateError if the name or a target is already taken."""
     if name in _OPS:
         raise DelegateError(f"op {name!r}: expected a new name, got one already registered")
-    op = OpDef(name, tuple(targets), infer, lower, tuple(dtypes), check, tuple(keep), doc)
+    op = OpDef(name, tuple(targets), infer, lower, tuple(dtypes), check, tuple(keep), doc, folded)
     for t in op.targets:
         if t in _BY_TARGET:
             raise DelegateError(
@@ -75,6 +95,33 @@ def register_op(
     for t in op.targets:
         _BY_TARGET[t] = op
     return op
+
+
+def register_pattern(name: str, anchor: str, match: Callable, lower: LowerFn,
+                     doc: str = "") -> PatternDef:
+    pat = PatternDef(name, anchor, match, lower, doc)
+    _PATTERNS.setdefault(anchor, []).append(pat)
+    return pat
+
+
+def pattern_for(node) -> Optional[PatternDef]:
+    """The first registered pattern that matches at this anchor node, or None."""
+    _load()
+    if getattr(node, "op", None) != "call_function":
+        return None
+    for pat in _PATTERNS.get(target_name(node.target), ()):
+        if pat.match(node) is None:
+            return pat
+    return None
+
+
+def pattern_rejections(node) -> list:
+    """Why each pattern anchored at this node did not match (for the partitioner's report)."""
+    _load()
+    if getattr(node, "op", None) != "call_function":
+        return []
+    return [f"{p.name}: {why}" for p in _PATTERNS.get(target_name(node.target), ())
+            if (why := p.match(node)) is not None]
 
 
 def _load() -> None:
@@ -113,9 +160,8 @@ def op_for_target(target) -> Optional[OpDef]:
     return _BY_TARGET.get(target_name(target))
 
 
-def is_symbolic(op: OpDef) -> bool:
-    """Symbolic ops (named sym_*) fold into symbolic sizes at lowering and need no kernel."""
-    return op.name.startswith("sym_")
+def is_folded(op: OpDef) -> bool:
+    return op.folded
 
 
 def target_name(target) -> str:

@@ -15,4 +15,5 @@ register_op(
     lower=_lower_nothing,
     dtypes=(),
     doc="size of a dim; folded into symbolic sizes at lowering",
+    folded=True,
 )

@@ -40,7 +40,7 @@ class CpuExecutor:
             vid: weights[v.constant_key] for vid, v in enumerate(graph.values)
             if isinstance(v, TensorValue) and v.constant_key
         }
-        self._steps = [self._step(n) for n in graph.nodes if not registry.is_symbolic(registry.get_op(n.op))]
+        self._steps = [self._step(n) for n in graph.nodes]
         self._plan_arena()
         self._scratch = ScratchArena(self._scratch_bytes())
 
