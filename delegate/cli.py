@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     d.set_defaults(fn=cmd_demo)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # torchao (imported by executorch) warns about its own enum registration at import time.
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    logging.getLogger("torchao").setLevel(logging.ERROR)
     try:
         return args.fn(args) or 0
     except DelegateError as e:

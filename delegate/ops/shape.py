@@ -22,8 +22,10 @@ def arg(node, index: int, name: str, default=None):
     return node.kwargs.get(name, default)
 
 
-def norm_dim(d: int, ndim: int, what: str = "dim") -> int:
-    """Torch's dim wrapping; a 0-d tensor accepts dims 0 and -1."""
+def norm_dim(d: int, ndim: int, what: str = "dim", scalar_ok: bool = False) -> int:
+    """Torch's dim wrapping; with scalar_ok a 0-d tensor accepts dims 0 and -1 (softmax,
+    squeeze), otherwise indexing a dim needs rank >= 1."""
+    expect(ndim >= 1 or scalar_ok, DelegateError, what, "a tensor of rank >= 1", "rank 0")
     n = max(ndim, 1)
     expect(-n <= d < n, DelegateError, what, f"a dim in [{-n}, {n})", d)
     return d % n
@@ -62,11 +64,30 @@ def tensor_args(node) -> list:
             and isinstance(a.meta.get("val"), torch.Tensor)]
 
 
-def float_inputs(node) -> "str | None":
-    """Reason unless every tensor argument is float32 (mixed dtypes promote in torch)."""
+def float_dtypes(node) -> "str | None":
+    """Reason unless every tensor argument is float32 (mixed dtypes promote in torch).
+
+    Ops kept from decomposition check only this: the partitioner also asks them on the ATen
+    graph, where the views feeding them (q.transpose(1, 2)) are still strided."""
     for a in tensor_args(node):
-        if a.meta["val"].dtype != torch.float32:
-            return f"input {a.name}: expected float32, got {a.meta['val'].dtype}"
+        val = a.meta["val"]
+        if val.dtype != torch.float32:
+            return f"input {a.name}: expected float32, got {val.dtype}"
+    return None
+
+
+def float_inputs(node) -> "str | None":
+    """float_dtypes, and contiguous dim order (kernels index row-major buffers)."""
+    return float_dtypes(node) or contiguous_inputs(node)
+
+
+def contiguous_inputs(node) -> "str | None":
+    """Reason unless every tensor argument is in contiguous (row-major) dim order."""
+    for a in tensor_args(node):
+        val = a.meta["val"]
+        order = tuple(val.dim_order())
+        if order != tuple(range(val.dim())):
+            return f"input {a.name}: expected contiguous dim order, got {list(order)}"
     return None
 
 
@@ -233,7 +254,7 @@ def _lower_unsqueeze(ctx, node):
 def _infer_squeeze(in_shapes, attrs):
     one_input(in_shapes)
     src = in_shapes[0]
-    dims = {norm_dim(d, len(src)) for d in attrs["dims"]}
+    dims = {norm_dim(d, len(src), "squeeze dim", scalar_ok=True) for d in attrs["dims"]}
     # torch: squeezing a dim whose size is not 1 leaves it in place
     return [tuple(s for i, s in enumerate(src) if not (i in dims and s == 1))]
 

@@ -1,0 +1,65 @@
+"""Scaled dot-product attention, kept whole from decomposition.
+
+q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] -> out [B, Hq, L, Ev].
+    out = softmax(q @ k^T * scale + bias) @ v
+bias comes from attn_mask (bool: False -> -inf; float: added) or, with is_causal, from torch's
+top-left aligned tril(L, S). With enable_gqa, query head h reads kv head h // (Hq / Hkv).
+"""
+from __future__ import annotations
+
+import torch
+
+from delegate.errors import DelegateError, expect
+from delegate.ops import register_op
+from delegate.ops.shape import arg, broadcast, one_input
+
+_MASK_DTYPES = (torch.bool, torch.float32)
+
+
+def _infer_sdpa(in_shapes, attrs):
+    one_input(in_shapes, 3)
+    q, k, v = (tuple(s) for s in in_shapes[:3])
+    mask = in_shapes[3] if len(in_shapes) > 3 else None
+    for name, s in (("query", q), ("key", k), ("value", v)):
+        expect(len(s) == 4, DelegateError, f"sdpa {name} rank", 4, f"{len(s)} {s}")
+    expect(q[0] == k[0] == v[0], DelegateError, "sdpa batch", "equal sizes", (q[0], k[0], v[0]))
+    expect(k[1] == v[1] and k[2] == v[2], DelegateError, "sdpa value heads and length",
+           k[1:3], v[1:3])
+    expect(q[3] == k[3], DelegateError, "sdpa key dim", q[3], k[3])
+    heads_ok = q[1] == k[1] or (attrs.get("enable_gqa") and k[1] > 0 and q[1] % k[1] == 0)
+    expect(heads_ok, DelegateError, "sdpa heads", f"kv heads dividing {q[1]} (enable_gqa) "
+           "or equal", k[1])
+    if mask is not None:
+        scores = (q[0], q[1], q[2], k[2])
+        expect(broadcast(scores, mask) == scores, DelegateError, "sdpa attn_mask",
+               f"broadcastable to {scores}", tuple(mask))
+    return [(q[0], q[1], q[2], v[3])]
+
+
+def _lower_sdpa(ctx, node):
+    ins = [ctx.tensor(a) for a in node.args[:3]]
+    ins.append(ctx.optional_tensor(arg(node, 3, "attn_mask")))
+    scale = arg(node, 6, "scale")
+    ctx.emit("sdpa", ins, [ctx.output(node)], is_causal=bool(arg(node, 5, "is_causal", False)),
+             scale=None if scale is None else float(scale),
+             enable_gqa=bool(arg(node, 7, "enable_gqa", False)))
+
+
+def _check_sdpa(node):
+    if arg(node, 4, "dropout_p", 0.0) != 0.0:
+        return f"dropout_p: expected 0, got {arg(node, 4, 'dropout_p')}"
+    for i, name in enumerate(("query", "key", "value")):
+        val = node.args[i].meta["val"]
+        if val.dtype != torch.float32 or val.dim() != 4:
+            return f"{name}: expected a 4-D float32 tensor, got {val.dim()}-D {val.dtype}"
+    mask = arg(node, 3, "attn_mask")
+    if mask is not None and mask.meta["val"].dtype not in _MASK_DTYPES:
+        return f"attn_mask: expected bool or float32, got {mask.meta['val'].dtype}"
+    if mask is not None and arg(node, 5, "is_causal", False):
+        return "attn_mask with is_causal: expected one of them, got both"
+    return None
+
+
+register_op("sdpa", ("aten.scaled_dot_product_attention.default",), _infer_sdpa, _lower_sdpa,
+            check=_check_sdpa, keep=("aten.scaled_dot_product_attention.default",),
+            doc="softmax(q k^T * scale + mask) v; causal, masks, GQA; no dropout")

@@ -1,0 +1,111 @@
+"""Elementwise ops: add, sub, mul, div (tensor or scalar operand, broadcasting), and the unary
+activations and transcendentals a transformer uses.
+
+A binary op's IR node has inputs [a, b] with b = -1 when the operand is a number; the number
+then travels as attribute `other`. add/sub carry `alpha` (out = a + alpha * b).
+"""
+from __future__ import annotations
+
+import torch
+
+from delegate.errors import DelegateError, expect
+from delegate.ops import register_op
+from delegate.ops.shape import arg, broadcast, float_dtypes, float_inputs, one_input
+
+_GELU_APPROX = ("none", "tanh")
+
+
+def _infer_binary(in_shapes, attrs):
+    one_input(in_shapes)
+    b = in_shapes[1] if len(in_shapes) > 1 else None
+    expect(b is not None or attrs.get("other") is not None, DelegateError, "binary operand",
+           "a tensor or a scalar `other`", "neither")
+    return [broadcast(in_shapes[0], b)]
+
+
+def _infer_unary(in_shapes, attrs):
+    one_input(in_shapes)
+    return [tuple(in_shapes[0])]
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _binary_lower(name: str, with_alpha: bool):
+    def lower(ctx, node):
+        other = node.args[1]
+        tensor = isinstance(other, torch.fx.Node)
+        attrs = {"other": None if tensor else float(other)}
+        if with_alpha:
+            attrs["alpha"] = float(arg(node, 2, "alpha", 1))
+        ins = [ctx.tensor(node.args[0]), ctx.tensor(other) if tensor else -1]
+        ctx.emit(name, ins, [ctx.output(node)], **attrs)
+
+    return lower
+
+
+def _binary_check(node):
+    other, alpha = node.args[1], arg(node, 2, "alpha", 1)
+    if not isinstance(other, torch.fx.Node) and not _is_number(other):
+        return f"scalar operand: expected an int or float, got {type(other).__name__}"
+    if "alpha" in node.kwargs or len(node.args) > 2:
+        if not _is_number(alpha):
+            return f"alpha: expected an int or float, got {type(alpha).__name__}"
+    if node.kwargs.get("rounding_mode") is not None:
+        return f"rounding_mode: expected None, got {node.kwargs['rounding_mode']!r}"
+    return float_inputs(node)
+
+
+def _unary_lower(name: str, attrs: dict = None):
+    """attrs: attribute name -> (positional index, kwarg name, default)."""
+    attrs = attrs or {}
+
+    def lower(ctx, node):
+        values = {k: arg(node, i, kw, d) for k, (i, kw, d) in attrs.items()}
+        ctx.emit(name, [ctx.tensor(node.args[0])], [ctx.output(node)], **values)
+
+    return lower
+
+
+def _check_gelu(node):
+    approx = arg(node, 1, "approximate", "none")
+    if approx not in _GELU_APPROX:
+        return f"approximate: expected one of {_GELU_APPROX}, got {approx!r}"
+    return float_inputs(node)
+
+
+def _check_pow(node):
+    exponent = node.args[1]
+    if not _is_number(exponent):
+        return f"exponent: expected an int or float, got {type(exponent).__name__}"
+    return float_inputs(node)
+
+
+for _name, _targets, _alpha in (
+    ("add", ("aten.add.Tensor", "aten.add.Scalar"), True),
+    ("sub", ("aten.sub.Tensor", "aten.sub.Scalar"), True),
+    ("mul", ("aten.mul.Tensor", "aten.mul.Scalar"), False),
+    ("div", ("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode",
+             "aten.div.Scalar_mode"), False),
+):
+    register_op(_name, _targets, _infer_binary, _binary_lower(_name, _alpha), check=_binary_check,
+                doc=f"{_name} with broadcasting; scalar operand as attribute `other`"
+                    + (", times alpha" if _alpha else ""))
+
+for _name, _doc in (
+    ("neg", "-x"), ("exp", "e^x"), ("sigmoid", "1 / (1 + e^-x)"), ("relu", "max(x, 0)"),
+    ("tanh", "tanh(x)"), ("rsqrt", "1 / sqrt(x)"),
+):
+    register_op(_name, (f"aten.{_name}.default",), _infer_unary, _unary_lower(_name),
+                check=float_inputs, doc=_doc)
+
+# silu is kept whole so a SwiGLU gate stays one op (edge would split it into sigmoid * x)
+register_op("silu", ("aten.silu.default",), _infer_unary, _unary_lower("silu"),
+            check=float_dtypes, keep=("aten.silu.default",), doc="x * sigmoid(x)")
+register_op("gelu", ("aten.gelu.default",), _infer_unary,
+            _unary_lower("gelu", {"approximate": (1, "approximate", "none")}), check=_check_gelu,
+            doc="gelu, exact (erf) or tanh approximation")
+register_op("pow", ("aten.pow.Tensor_Scalar",), _infer_unary,
+            _unary_lower("pow", {"exponent": (1, "exponent", None)}), check=_check_pow,
+            doc="x ** exponent for a scalar exponent")

@@ -1,0 +1,97 @@
+"""Matrix products: linear (kept whole from decomposition), mm, bmm and addmm.
+
+linear reads its weight as torch stores it, [N, K], so no permute_copy of the weight is needed;
+the decomposed form (permute_copy + addmm / mm) lowers through shape's permute and these ops.
+"""
+from __future__ import annotations
+
+from delegate.errors import DelegateError, expect
+from delegate.ops import register_op
+from delegate.ops.shape import arg, broadcast, float_dtypes, float_inputs, one_input
+
+
+def _rank(shape, want: int, what: str) -> None:
+    expect(len(shape) == want, DelegateError, f"{what} rank", want, f"{len(shape)} {tuple(shape)}")
+
+
+def _inner(k_a: int, k_b: int, a, b) -> None:
+    expect(k_a == k_b, DelegateError, "matmul inner dims", f"equal sizes for {tuple(a)} @ {tuple(b)}",
+           f"{k_a} and {k_b}")
+
+
+def _infer_linear(in_shapes, attrs):
+    one_input(in_shapes, 2)
+    x, w = in_shapes[0], in_shapes[1]
+    bias = in_shapes[2] if len(in_shapes) > 2 else None
+    expect(len(x) >= 1, DelegateError, "linear input rank", ">= 1", len(x))
+    _rank(w, 2, "linear weight")
+    _inner(x[-1], w[1], x, w)
+    out = tuple(x[:-1]) + (w[0],)
+    if bias is not None:
+        expect(broadcast(out, bias) == out, DelegateError, "linear bias", f"broadcastable to {out}",
+               tuple(bias))
+    return [out]
+
+
+def _infer_mm(in_shapes, attrs):
+    one_input(in_shapes, 2)
+    a, b = in_shapes[0], in_shapes[1]
+    _rank(a, 2, "mm self")
+    _rank(b, 2, "mm mat2")
+    _inner(a[1], b[0], a, b)
+    return [(a[0], b[1])]
+
+
+def _infer_bmm(in_shapes, attrs):
+    one_input(in_shapes, 2)
+    a, b = in_shapes[0], in_shapes[1]
+    _rank(a, 3, "bmm self")
+    _rank(b, 3, "bmm mat2")
+    expect(a[0] == b[0], DelegateError, "bmm batch", a[0], b[0])
+    _inner(a[2], b[1], a, b)
+    return [(a[0], a[1], b[2])]
+
+
+def _infer_addmm(in_shapes, attrs):
+    one_input(in_shapes, 3)
+    out = _infer_mm(in_shapes[1:3], attrs)[0]
+    expect(broadcast(out, in_shapes[0]) == out, DelegateError, "addmm bias",
+           f"broadcastable to {out}", tuple(in_shapes[0]))
+    return [out]
+
+
+def _lower_linear(ctx, node):
+    bias = arg(node, 2, "bias")
+    ctx.emit("linear", [ctx.tensor(node.args[0]), ctx.tensor(node.args[1]),
+                        ctx.optional_tensor(bias)], [ctx.output(node)])
+
+
+def _lower_mm(name):
+    def lower(ctx, node):
+        ctx.emit(name, [ctx.tensor(node.args[0]), ctx.tensor(node.args[1])], [ctx.output(node)])
+
+    return lower
+
+
+def _lower_addmm(ctx, node):
+    ins = [ctx.tensor(a) for a in node.args[:3]]
+    ctx.emit("addmm", ins, [ctx.output(node)], beta=float(arg(node, 3, "beta", 1)),
+             alpha=float(arg(node, 4, "alpha", 1)))
+
+
+def _check_addmm(node):
+    for i, name in ((3, "beta"), (4, "alpha")):
+        v = arg(node, i, name, 1)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{name}: expected an int or float, got {type(v).__name__}"
+    return float_inputs(node)
+
+
+register_op("linear", ("aten.linear.default",), _infer_linear, _lower_linear,
+            check=float_dtypes, keep=("aten.linear.default",), doc="x @ W^T + b, W stored [N, K]; bias optional")
+register_op("mm", ("aten.mm.default",), _infer_mm, _lower_mm("mm"), check=float_inputs,
+            doc="[M, K] @ [K, N]")
+register_op("bmm", ("aten.bmm.default",), _infer_bmm, _lower_mm("bmm"), check=float_inputs,
+            doc="[B, M, K] @ [B, K, N]")
+register_op("addmm", ("aten.addmm.default",), _infer_addmm, _lower_addmm, check=_check_addmm,
+            doc="beta * bias + alpha * (a @ b), bias broadcast to [M, N]")

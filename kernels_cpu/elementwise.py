@@ -1,0 +1,96 @@
+"""Elementwise CPU kernels: torch's out= ops on disjoint chunks of the output.
+
+Large outputs are split along one dim across the pool; inputs are broadcast (expanded, never
+copied) to the output shape first so every chunk is the same narrow() of each operand.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels_cpu import register_kernel
+from kernels_cpu.threadpool import get_pool
+
+aten = torch.ops.aten
+
+# Below this many elements (1 MiB of float32, ~100 us of memory-bound work) a pool dispatch
+# costs more than it saves.
+PARALLEL_NUMEL = 1 << 18
+
+
+def _split_dim(shape, workers: int) -> int:
+    """The outermost dim that gives every worker a share, else the largest dim."""
+    for d, s in enumerate(shape):
+        if s >= workers:
+            return d
+    return max(range(len(shape)), key=lambda d: shape[d])
+
+
+def map_chunks(fn, out: torch.Tensor, *operands) -> None:
+    """fn(out_chunk, *operand_chunks) over disjoint chunks of `out`; operands broadcast to out.
+
+    Non-tensor operands (scalars) pass through unchanged.
+    """
+    pool = get_pool()
+    if out.numel() < PARALLEL_NUMEL or pool.num_threads == 1 or out.dim() == 0:
+        fn(out, *operands)
+        return
+    shape = tuple(out.shape)
+    expanded = [t.expand(shape) if isinstance(t, torch.Tensor) else t for t in operands]
+    d = _split_dim(shape, pool.num_threads)
+    row = out.numel() // shape[d]
+    min_chunk = max(1, (PARALLEL_NUMEL // 2) // max(row, 1))
+
+    def work(_w, a, b):
+        chunks = [t.narrow(d, a, b - a) if isinstance(t, torch.Tensor) else t for t in expanded]
+        fn(out.narrow(d, a, b - a), *chunks)
+
+    pool.parallel_for(shape[d], work, min_chunk=min_chunk)
+
+
+def _binary(torch_fn, with_alpha: bool):
+    def kernel(ins, outs, attrs, scratch):
+        b = ins[1] if len(ins) > 1 and ins[1] is not None else attrs["other"]
+        if with_alpha:
+            alpha = attrs.get("alpha", 1.0)
+            map_chunks(lambda o, x, y: torch_fn(x, y, alpha=alpha, out=o), outs[0], ins[0], b)
+        else:
+            map_chunks(lambda o, x, y: torch_fn(x, y, out=o), outs[0], ins[0], b)
+
+    return kernel
+
+
+register_kernel("add")(_binary(torch.add, True))
+register_kernel("sub")(_binary(torch.sub, True))
+register_kernel("mul")(_binary(torch.mul, False))
+register_kernel("div")(_binary(torch.div, False))
+
+
+def _unary(out_fn):
+    def kernel(ins, outs, attrs, scratch):
+        map_chunks(lambda o, x: out_fn(x, o), outs[0], ins[0])
+
+    return kernel
+
+
+for _name, _fn in (
+    ("neg", lambda x, o: torch.neg(x, out=o)),
+    ("exp", lambda x, o: torch.exp(x, out=o)),
+    ("sigmoid", lambda x, o: torch.sigmoid(x, out=o)),
+    ("relu", lambda x, o: aten.relu.out(x, out=o)),
+    ("tanh", lambda x, o: torch.tanh(x, out=o)),
+    ("rsqrt", lambda x, o: torch.rsqrt(x, out=o)),
+    ("silu", lambda x, o: aten.silu.out(x, out=o)),
+):
+    register_kernel(_name)(_unary(_fn))
+
+
+@register_kernel("gelu")
+def gelu(ins, outs, attrs, scratch):
+    approx = attrs.get("approximate") or "none"
+    map_chunks(lambda o, x: aten.gelu.out(x, approximate=approx, out=o), outs[0], ins[0])
+
+
+@register_kernel("pow")
+def pow_scalar(ins, outs, attrs, scratch):
+    e = attrs["exponent"]
+    map_chunks(lambda o, x: torch.pow(x, e, out=o), outs[0], ins[0])
