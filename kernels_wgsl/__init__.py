@@ -1,0 +1,176 @@
+"""WGSL kernels: *.wgsl shaders and the small Python that sizes and dispatches each family.
+
+A family module (kernels_wgsl/<family>.py next to <family>.wgsl) registers one builder per op
+name of delegate/ops. The executor calls a builder once per load with the upper-bound shapes
+and the attributes, and gets back the dispatches the op needs:
+
+    builder(ins: list[shape | None], outs: list[shape], attrs: dict, info: BuildInfo)
+        -> list[Dispatch]
+
+Operands are numbered inputs first (absent optional inputs keep their slot), then outputs.
+Binding 0 of every entry point is its params uniform; bindings 1.. are `Dispatch.args` in
+order. `Dispatch.sizes(ins, outs, attrs)` is called per execute with the live shapes and
+returns (params bytes, workgroup count); a count of 0 skips the dispatch, which is how a
+builder routes by live shape. The executor folds counts above 65,535 into a 2-D grid, so
+every entry point takes its linear workgroup index from `wg_linear()` (common.wgsl).
+
+Kernels know nothing of the IR; ops registered with alias=True run no dispatch at all: their
+output is the input's bytes reinterpreted (a contiguous reshape).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from delegate.errors import UnknownOperatorError
+
+_DIR = Path(__file__).parent
+_NOT_FAMILIES = ("device",)
+SizesFn = Callable[[list, list, dict], tuple]   # -> (params bytes, workgroup count)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    shader: str            # family stem: kernels_wgsl/<shader>.wgsl
+    entry: str             # entry point in that file
+    args: tuple            # operand index per binding 1..; an absent input binds a dummy
+    writes: tuple          # the operand indices this dispatch writes
+    sizes: SizesFn
+    constants: tuple = ()  # ((override name, value), ...) pipeline-overridable constants
+    label: str = ""        # kernel name for profiles; defaults to the entry point
+
+    def kinds(self) -> tuple:
+        return ("uniform",) + tuple("rw" if a in self.writes else "read" for a in self.args)
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What a builder may know besides shapes and attributes."""
+    gpu: object            # kernels_wgsl.device.GpuDevice (features: has_f16, limits)
+    in_dtypes: tuple       # torch dtype per input (None where absent), as the graph declares
+
+
+@dataclass(frozen=True)
+class WgslKernel:
+    name: str
+    build: Callable = None
+    alias: bool = False    # output is the input's bytes with another shape: no dispatch
+
+
+_KERNELS: dict = {}
+_loaded = False
+
+
+def register_wgsl(name: str, alias: bool = False):
+    """Decorator: register `builder` as the WGSL kernel of op `name`."""
+
+    def deco(builder):
+        _KERNELS[name] = WgslKernel(name, builder, alias)
+        return builder
+
+    return deco
+
+
+def _load() -> None:
+    """Import every family module of this package, so adding a family edits no core file."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in pkgutil.iter_modules([str(_DIR)]):
+        if mod.name not in _NOT_FAMILIES:
+            importlib.import_module(f"kernels_wgsl.{mod.name}")
+
+
+def has_kernel(name: str) -> bool:
+    _load()
+    return name in _KERNELS
+
+
+def get_kernel(name: str) -> WgslKernel:
+    _load()
+    try:
+        return _KERNELS[name]
+    except KeyError:
+        raise UnknownOperatorError(
+            f"WGSL kernel {name!r}: expected a registered kernel, got none under that name"
+        ) from None
+
+
+def adapter_unavailable(selector: str | None = None) -> str:
+    """Empty when a WebGPU device can be had, else why not."""
+    from kernels_wgsl.device import adapter_unavailable as why_not
+
+    return why_not(selector)
+
+
+@functools.lru_cache(maxsize=None)
+def source(shader: str) -> str:
+    """WGSL text of kernels_wgsl/<shader>.wgsl with common.wgsl after its `enable` lines."""
+    body = (_DIR / f"{shader}.wgsl").read_text()
+    common = (_DIR / "common.wgsl").read_text()
+    lines = body.splitlines()
+    enables = [ln for ln in lines if ln.startswith("enable ")]
+    rest = [ln for ln in lines if not ln.startswith("enable ")]
+    return "\n".join(enables + [common] + rest)
+
+
+# ---- params packing -------------------------------------------------------------------------
+def words(*values) -> bytes:
+    """Pack ints as u32 (negatives as i32 bits) and floats as f32, padded to 16 bytes.
+
+    Lists are flattened, so a `vec4<u32>` array field is a list of 4*k ints.
+    """
+    flat = [x for v in values for x in (v if isinstance(v, (list, tuple)) else (v,))]
+    out = bytearray()
+    for x in flat:
+        if isinstance(x, float):
+            out += struct.pack("<f", x)
+        else:
+            out += struct.pack("<i" if int(x) < 0 else "<I", int(x))
+    out += bytes(-len(out) % 16)
+    return bytes(out)
+
+
+MAX_RANK = 8
+
+
+def padded(seq, n: int = MAX_RANK, fill: int = 0) -> list:
+    seq = list(seq)
+    if len(seq) > n:
+        from delegate.errors import UnsupportedError
+
+        raise UnsupportedError(f"tensor rank: expected at most {n}, got {len(seq)}")
+    return seq + [fill] * (n - len(seq))
+
+
+def numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def contiguous_strides(shape) -> list:
+    strides, step = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = step
+        step *= int(shape[d])
+    return strides
+
+
+def broadcast_strides(shape, out_shape) -> list:
+    """Element strides reading `shape` broadcast to `out_shape` (0 along broadcast dims)."""
+    own = contiguous_strides(shape)
+    lead = len(out_shape) - len(shape)
+    return [0 if d < lead or shape[d - lead] == 1 else own[d - lead]
+            for d in range(len(out_shape))]
+
+
+def groups(n: int, per_group: int) -> int:
+    return (int(n) + per_group - 1) // per_group

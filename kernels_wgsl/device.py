@@ -1,0 +1,186 @@
+"""The process-wide WebGPU device: adapter choice, features, limits, and the pipeline cache.
+
+One GPUDevice serves every loaded delegate (like tinygrad's WebGpuDevice). The adapter is the
+high-performance one unless ETWGPU_ADAPTER (or a load option passed as `selector`) names
+another: a case-insensitive substring of the adapter's device/vendor/description or its
+backend ("llvmpipe", "nvidia", "vulkan", "metal").
+shader-f16 and timestamp-query are requested only when offered, and limits only up to what the
+adapter offers.
+
+Pipelines are cached by (shader source, entry point, constants, binding layout) and counted:
+an executor acquires the pipelines it uses and releases them in destroy(). Unused pipelines
+stay in a small idle pool so a reload does not recompile, and the pool is bounded so loading
+and destroying models never grows it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from delegate.errors import DeviceError, ShaderError
+
+log = logging.getLogger("etwgpu")
+
+ADAPTER_ENV = "ETWGPU_ADAPTER"
+OPTIONAL_FEATURES = ("shader-f16", "timestamp-query")
+# Limits raised to what the adapter offers: big weights and activations need them.
+RAISED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size")
+IDLE_PIPELINES = 64
+
+_DEVICES: dict = {}   # adapter selector -> GpuDevice
+
+
+def adapter_selector() -> str:
+    return os.environ.get(ADAPTER_ENV, "").strip()
+
+
+def _describe_adapter(adapter) -> str:
+    info = adapter.info
+    return f"{info.get('device', '?')} [{info.get('backend_type', '?')}, {info.get('adapter_type', '?')}]"
+
+
+def _matches(adapter, selector: str) -> bool:
+    info = adapter.info
+    text = " ".join(str(info.get(k, "")) for k in
+                    ("device", "vendor", "description", "backend_type", "adapter_type"))
+    return selector.lower() in text.lower()
+
+
+def pick_adapter(selector: str):
+    """The adapter to use, or DeviceError saying which adapters exist and what was asked."""
+    import wgpu
+
+    try:
+        if not selector:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+            if adapter is None:
+                raise DeviceError("WebGPU adapter: expected one, got none")
+            return adapter
+        adapters = wgpu.gpu.enumerate_adapters_sync()
+    except DeviceError:
+        raise
+    except Exception as e:  # wgpu raises plain RuntimeError when no backend finds an adapter
+        raise DeviceError(f"WebGPU adapter: expected one, got {type(e).__name__}: {e}") from e
+    for adapter in adapters:
+        if _matches(adapter, selector):
+            return adapter
+    names = [_describe_adapter(a) for a in adapters] or ["none"]
+    raise DeviceError(f"WebGPU adapter: expected one matching {ADAPTER_ENV}={selector!r}, "
+                      f"got {names}")
+
+
+@dataclass
+class _CachedPipeline:
+    pipeline: object
+    layout: object        # GPUBindGroupLayout the executor's bind groups use
+    users: int = 0
+
+
+@dataclass
+class GpuDevice:
+    adapter: object
+    device: object
+    name: str
+    has_f16: bool
+    has_timestamps: bool
+    limits: dict
+    _modules: dict = field(default_factory=dict)
+    _pipelines: dict = field(default_factory=dict)       # key -> _CachedPipeline in use
+    _idle: OrderedDict = field(default_factory=OrderedDict)
+    _layouts: dict = field(default_factory=dict)
+
+    @property
+    def queue(self):
+        return self.device.queue
+
+    # ---- pipelines -----------------------------------------------------------------------
+    def acquire_pipeline(self, source: str, entry: str, constants: tuple, kinds: tuple):
+        """(key, pipeline, bind group layout); release(key) when done with it."""
+        key = (source, entry, constants, kinds)
+        entry_ = self._pipelines.get(key) or self._idle.pop(key, None)
+        if entry_ is None:
+            entry_ = self._create_pipeline(source, entry, constants, kinds)
+        entry_.users += 1
+        self._pipelines[key] = entry_
+        return key, entry_.pipeline, entry_.layout
+
+    def release_pipeline(self, key) -> None:
+        entry = self._pipelines.get(key)
+        if entry is None:
+            return
+        entry.users -= 1
+        if entry.users == 0:
+            del self._pipelines[key]
+            self._idle[key] = entry
+            while len(self._idle) > IDLE_PIPELINES:
+                self._idle.popitem(last=False)
+
+    def pipeline_count(self) -> int:
+        return len(self._pipelines) + len(self._idle)
+
+    def _create_pipeline(self, source: str, entry: str, constants: tuple, kinds: tuple):
+        import wgpu
+
+        layout = self._bind_group_layout(kinds)
+        try:
+            module = self._modules.get(source)
+            if module is None:
+                module = self.device.create_shader_module(code=source)
+                self._modules[source] = module
+            pipeline = self.device.create_compute_pipeline(
+                layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
+                compute={"module": module, "entry_point": entry, "constants": dict(constants)},
+            )
+        except wgpu.GPUError as e:  # wgpu-py raises the device's validation error right here
+            raise ShaderError(f"WGSL entry {entry!r}: expected a valid shader and pipeline, "
+                              f"got the driver's error:\n{e.message}") from None
+        return _CachedPipeline(pipeline, layout)
+
+    def _bind_group_layout(self, kinds: tuple):
+        """kinds: per binding "uniform" | "read" | "rw" (binding i = kinds[i])."""
+        import wgpu
+
+        if kinds not in self._layouts:
+            types = {"uniform": wgpu.BufferBindingType.uniform,
+                     "read": wgpu.BufferBindingType.read_only_storage,
+                     "rw": wgpu.BufferBindingType.storage}
+            entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": types[k]}} for i, k in enumerate(kinds)]
+            self._layouts[kinds] = self.device.create_bind_group_layout(entries=entries)
+        return self._layouts[kinds]
+
+
+def get_device(selector: str | None = None) -> GpuDevice:
+    """The process-wide device for `selector` (default $ETWGPU_ADAPTER); DeviceError if none."""
+    selector = adapter_selector() if selector is None else selector.strip()
+    if selector not in _DEVICES:
+        _DEVICES[selector] = _open(pick_adapter(selector))
+    return _DEVICES[selector]
+
+
+def adapter_unavailable(selector: str | None = None) -> str:
+    """Empty when a WebGPU device can be had, else why not."""
+    try:
+        get_device(selector)
+    except DeviceError as e:
+        return str(e)
+    return ""
+
+
+def _open(adapter) -> GpuDevice:
+    features = [f for f in OPTIONAL_FEATURES if f in adapter.features]
+    offered = adapter.limits
+    limits = {k: offered[k] for k in RAISED_LIMITS if k in offered}
+    try:
+        device = adapter.request_device_sync(required_features=features, required_limits=limits)
+    except Exception as e:
+        raise DeviceError(f"WebGPU device on {_describe_adapter(adapter)}: expected one, "
+                          f"got {type(e).__name__}: {e}") from e
+    gpu = GpuDevice(adapter, device, _describe_adapter(adapter), "shader-f16" in features,
+                    "timestamp-query" in features, dict(device.limits))
+    log.info("etwgpu: webgpu adapter %s; features %s; max buffer %d MiB, binding %d MiB",
+             gpu.name, features or "none", limits.get("max-buffer-size", 0) >> 20,
+             limits.get("max-storage-buffer-binding-size", 0) >> 20)
+    return gpu

@@ -1,0 +1,43 @@
+"""rms_norm and layer_norm (normalization.wgsl): one workgroup per row of the trailing
+normalized dims; absent weight or bias bind nothing the shader reads."""
+from __future__ import annotations
+
+from kernels_wgsl import Dispatch, numel, register_wgsl, words
+
+F32_EPS = 1.1920928955078125e-07   # torch.finfo(torch.float32).eps: rms_norm's eps=None
+
+
+def _rows(x, normalized) -> tuple:
+    d = numel(normalized)
+    return (numel(x) // d if d else 0), d
+
+
+@register_wgsl("rms_norm")
+def rms_norm(ins, outs, attrs, info):
+    has_w = len(ins) > 1 and ins[1] is not None
+
+    def sizes(ins, outs, attrs):
+        rows, d = _rows(ins[0], attrs["normalized_shape"])
+        eps = F32_EPS if attrs.get("eps") is None else float(attrs["eps"])
+        return words(rows, d, eps), rows
+
+    consts = (("HAS_WEIGHT", int(has_w)), ("HAS_BIAS", 0))
+    return [Dispatch("normalization", "rms_norm", (0, 1 if has_w else None, None, 2), (2,),
+                     sizes, consts, label="rms_norm")]
+
+
+@register_wgsl("layer_norm")
+def layer_norm(ins, outs, attrs, info):
+    has_w, has_b = ins[1] is not None, ins[2] is not None
+    stats = bool(attrs.get("stats"))
+
+    def sizes(ins, outs, attrs):
+        rows, d = _rows(ins[0], attrs["normalized_shape"])
+        return words(rows, d, float(attrs["eps"])), rows
+
+    args = (0, 1 if has_w else None, 2 if has_b else None, 3, 4 if stats else None,
+            5 if stats else None)
+    writes = (3, 4, 5) if stats else (3, None)   # None: the unused stats bindings
+    consts = (("HAS_WEIGHT", int(has_w)), ("HAS_BIAS", int(has_b)), ("STATS", int(stats)))
+    return [Dispatch("normalization", "layer_norm", args, writes, sizes, consts,
+                     label="layer_norm")]

@@ -1,0 +1,104 @@
+"""The copy family: every shape op that moves data is one strided copy (shape.wgsl).
+
+view, unsqueeze, squeeze and clone of our contiguous buffers change metadata only: they are
+registered as aliases and run no dispatch. permute, expand, slice and select are one copy each;
+cat and split are one copy per input or output piece, written at its offset.
+"""
+from __future__ import annotations
+
+from kernels_wgsl import (Dispatch, broadcast_strides, contiguous_strides, groups, numel,
+                          padded, register_wgsl, words)
+from delegate.ops.shape import norm_dim, slice_bounds
+
+WG = 256
+
+for _name in ("view", "unsqueeze", "squeeze", "clone"):
+    register_wgsl(_name, alias=True)(None)
+
+
+def copy_params(shape, src_strides, dst_strides, src_offset: int = 0, dst_offset: int = 0):
+    """(params, workgroups) of one strided copy over `shape`."""
+    n = numel(shape)
+    return (words(n, len(shape), src_offset, dst_offset, padded(shape), padded(src_strides),
+                  padded(dst_strides)), groups(n, WG))
+
+
+def _copy(sizes, src: int = 0, dst: int = 1, label: str = "strided_copy") -> Dispatch:
+    return Dispatch("shape", "strided_copy", (src, dst), (dst,), sizes, label=label)
+
+
+@register_wgsl("permute")
+def permute(ins, outs, attrs, info):
+    def sizes(ins, outs, attrs):
+        own = contiguous_strides(ins[0])
+        dims = [norm_dim(d, len(ins[0])) for d in attrs["dims"]]
+        return copy_params(outs[0], [own[d] for d in dims], contiguous_strides(outs[0]))
+
+    return [_copy(sizes, label="permute")]
+
+
+@register_wgsl("expand")
+def expand(ins, outs, attrs, info):
+    def sizes(ins, outs, attrs):
+        return copy_params(outs[0], broadcast_strides(ins[0], outs[0]), contiguous_strides(outs[0]))
+
+    return [_copy(sizes, label="expand")]
+
+
+@register_wgsl("slice")
+def slice_(ins, outs, attrs, info):
+    def sizes(ins, outs, attrs):
+        d = norm_dim(attrs["dim"], len(ins[0]))
+        start, _, step = slice_bounds(ins[0][d], attrs["start"], attrs["end"], attrs["step"])
+        own = contiguous_strides(ins[0])
+        strides = own[:d] + [own[d] * step] + own[d + 1:]
+        return copy_params(outs[0], strides, contiguous_strides(outs[0]), start * own[d])
+
+    return [_copy(sizes, label="slice")]
+
+
+@register_wgsl("select")
+def select(ins, outs, attrs, info):
+    def sizes(ins, outs, attrs):
+        d = norm_dim(attrs["dim"], len(ins[0]))
+        index = attrs["index"] % ins[0][d]
+        own = contiguous_strides(ins[0])
+        return copy_params(outs[0], own[:d] + own[d + 1:], contiguous_strides(outs[0]),
+                           index * own[d])
+
+    return [_copy(sizes, label="select")]
+
+
+@register_wgsl("cat")
+def cat(ins, outs, attrs, info):
+    """One copy per input, each into its band of the output along dim."""
+    out_index = len(ins)
+
+    def piece(k):
+        def sizes(ins, outs, attrs):
+            d = norm_dim(attrs["dim"], len(outs[0]))
+            if tuple(ins[k]) == (0,) and len(outs[0]) != 1:  # torch skips legacy empty inputs
+                return copy_params((0,), [0], [0])
+            before = sum(s[d] for s in ins[:k] if not (tuple(s) == (0,) and len(outs[0]) != 1))
+            dst = contiguous_strides(outs[0])
+            return copy_params(ins[k], contiguous_strides(ins[k]), dst, 0, before * dst[d])
+
+        return sizes
+
+    return [_copy(piece(k), k, out_index, label="cat") for k in range(len(ins))]
+
+
+@register_wgsl("split")
+def split(ins, outs, attrs, info):
+    """One copy per output piece, each from its band of the input along dim."""
+
+    def piece(k):
+        def sizes(ins, outs, attrs):
+            d = norm_dim(attrs["dim"], len(ins[0]))
+            own = contiguous_strides(ins[0])
+            before = sum(s[d] for s in outs[:k])
+            return copy_params(outs[k], own, contiguous_strides(outs[k]), before * own[d])
+
+        return sizes
+
+    return [_copy(piece(k), 0, 1 + k, label="split") for k in range(len(outs))]

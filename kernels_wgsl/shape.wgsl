@@ -1,0 +1,29 @@
+// The copy family: permute, expand, slice, select, cat and split are all one strided copy,
+//   dst[dst_offset + offset(i, dst_strides)] = src[src_offset + offset(i, src_strides)]
+// over the linear index i of `shape`. Elements move as u32 bits so copies are exact.
+
+struct CopyParams {
+    n: u32,
+    rank: u32,
+    src_offset: u32,
+    dst_offset: u32,
+    shape: array<vec4<u32>, 2>,
+    src_strides: array<vec4<u32>, 2>,
+    dst_strides: array<vec4<u32>, 2>,
+}
+
+@group(0) @binding(0) var<uniform> p: CopyParams;
+@group(0) @binding(1) var<storage, read> src: array<u32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+
+@compute @workgroup_size(256)
+fn strided_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = wg_linear(wid, nwg) * 256u + lid;
+    if (i >= p.n) {
+        return;
+    }
+    let s = p.src_offset + strided_offset(i, p.rank, p.shape, p.src_strides);
+    let d = p.dst_offset + strided_offset(i, p.rank, p.shape, p.dst_strides);
+    dst[d] = src[s];
+}

@@ -1,0 +1,298 @@
+"""The WebGPU executor as a whole: buffer planning and aliasing, dispatch order, dynamic shapes,
+grid folding, ownership across load/destroy, device choice and driver errors. Runs for real on
+lavapipe in CI; nothing here skips."""
+import logging
+
+import pytest
+import torch
+
+from bench.load_destroy import block_graph, live_wgpu_objects, run, settle
+from delegate.errors import DelegateError, DeviceError, InputError, ShaderError
+from delegate.ir import Graph, Node, SymExpr, SymbolBinding, TensorValue
+from delegate.runtime.webgpu_executor import WebGpuExecutor
+from kernels_wgsl import device as wgsl_device
+from tests.test_kernels_wgsl import single_op_graph
+from tests.tolerances import tol
+
+
+def chain_graph():
+    """x -> relu -> a (output) -> exp -> b -> neg -> c -> mul(c, c) -> d (output), plus a view.
+
+    `a` is an output produced first; every later value could reuse its buffer if the planner
+    let it, which is what the aliasing test guards against."""
+    g = Graph()
+    vals = [g.add_value(TensorValue(torch.float32, s, s)) for s in [(5, 7)] * 5 + [(7, 5)]]
+    x, a, b, c, d, e = vals
+    g.inputs = [x]
+    g.nodes = [Node("relu", [x], [a]), Node("exp", [a], [b]), Node("neg", [b], [c]),
+               Node("mul", [c, c], [d], {"other": None}),
+               Node("view", [d], [e], {"sizes": [7, 5]})]
+    g.outputs = [a, e]
+    return g
+
+
+def chain_reference(x):
+    a = torch.relu(x)
+    c = -torch.exp(a)
+    return a, (c * c).reshape(7, 5)
+
+
+def test_graph_outputs_never_share_a_buffer_a_later_dispatch_writes():
+    g = chain_graph()
+    ex = WebGpuExecutor(g, {})
+    try:
+        dispatches = ex.dispatch_list()
+        for vid, slot in ex.output_slots():
+            made = max(i for i, d in enumerate(dispatches) if vid in d[4])
+            later = [d[0] for d in dispatches[made + 1:] if slot in d[3]]
+            assert later == [], f"output {vid}'s buffer is overwritten later by {later}"
+        x = torch.randn(5, 7)
+        for got, want in zip(ex.execute([x]), chain_reference(x.double())):
+            torch.testing.assert_close(got, want.float(), **tol("transcendental", "webgpu"))
+    finally:
+        ex.destroy()
+
+
+def test_values_with_overlapping_lives_get_distinct_buffers():
+    g = chain_graph()
+    ex = WebGpuExecutor(g, {})
+    try:
+        lives, slot_of = ex._lives, {v: ex._slot_of(v) for v in ex._lives}
+        for u in lives:
+            for v in lives:
+                if u < v and lives[u].overlaps(lives[v]):
+                    assert slot_of[u] != slot_of[v], f"values {u} and {v} share a buffer"
+        assert ex.describe()["buffers"] < len(g.values)   # and buffers are reused
+    finally:
+        ex.destroy()
+
+
+def test_dispatches_follow_node_order_and_read_only_what_was_written():
+    g = chain_graph()
+    ex = WebGpuExecutor(g, {})
+    try:
+        dispatches = ex.dispatch_list()
+        assert [op for op, *_ in dispatches] == ["relu", "exp", "neg", "mul"]  # view: metadata
+        written = {ex._slot_of(v) for v in g.inputs}
+        for op, _, reads, writes, _ in dispatches:
+            assert set(reads) <= written, f"{op} reads a buffer nothing wrote yet"
+            written |= set(writes)
+    finally:
+        ex.destroy()
+
+
+def dynamic_block():
+    graph, weights = block_graph(dim=32, hidden=64, max_seq=16)
+    return graph, weights
+
+
+def block_reference(weights, x):
+    w = {k: v.double() for k, v in weights.items()}
+    h = torch.nn.functional.rms_norm(x, [32], w["norm"], 1e-6)
+    up = torch.nn.functional.silu(h @ w["w_up"].T + w["b_up"])
+    return torch.softmax(up @ w["w_down"].T, -1)
+
+
+def test_dynamic_shapes_rewrite_params_per_execute():
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        for seq in (3, 16, 1, 7):
+            x = torch.randn(seq, 32)
+            got, = ex.execute([x])
+            assert got.shape == (seq, 32)
+            torch.testing.assert_close(got, block_reference(weights, x.double()).float(),
+                                       **tol("model", "webgpu"))
+    finally:
+        ex.destroy()
+
+
+def test_input_above_its_upper_bound_raises_input_error():
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        with pytest.raises(InputError, match="at most 16"):
+            ex.execute([torch.randn(17, 32)])
+    finally:
+        ex.destroy()
+
+
+def test_grid_above_65535_workgroups_folds_to_2d():
+    x = torch.randn(70001, 2)   # one workgroup per softmax row: 70,001 > 65,535
+    graph, weights, feed = single_op_graph("softmax", [x], {"dim": 1})
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        assert ex._fold(70001) == (35001, 2)
+        got, = ex.execute(feed)
+        torch.testing.assert_close(got, torch.softmax(x.double(), 1).float(),
+                                   **tol("softmax", "webgpu"))
+    finally:
+        ex.destroy()
+
+
+def test_destroy_frees_every_buffer_and_bind_group():
+    graph, weights = dynamic_block()
+    settle()
+    before = live_wgpu_objects()["native"]
+    ex = WebGpuExecutor(graph, weights)
+    ex.execute([torch.randn(4, 32)])
+    during = live_wgpu_objects()["native"]
+    assert during["Buffer"] > before["Buffer"] and during["BindGroup"] > before["BindGroup"]
+    ex.destroy()
+    del ex
+    settle()
+    after = live_wgpu_objects()["native"]
+    assert (after["Buffer"], after["BindGroup"]) == (before["Buffer"], before["BindGroup"])
+
+
+def test_fifty_load_destroy_cycles_do_not_grow_memory_or_wgpu_objects():
+    grew_mb, before, after = run(cycles=50, every=50, out=open("/dev/null", "w"))
+    assert before == after, "live wgpu objects changed across load/destroy cycles"
+    assert grew_mb < 8.0, f"process RSS grew {grew_mb:.1f} MB over 50 cycles"
+
+
+def test_pipelines_are_shared_across_loads_and_released_by_destroy():
+    gpu = wgsl_device.get_device()
+    graph, weights = dynamic_block()
+    first = WebGpuExecutor(graph, weights)
+    count = gpu.pipeline_count()
+    second = WebGpuExecutor(graph, weights)
+    assert gpu.pipeline_count() == count            # fetched from the cache, not rebuilt
+    users = {k: gpu._pipelines[k].users for k in first._pipeline_keys}
+    first.destroy()
+    second.destroy()
+    assert all(k not in gpu._pipelines for k in users)   # no executor holds them any more
+    assert len(gpu._idle) <= wgsl_device.IDLE_PIPELINES
+
+
+def test_no_matching_adapter_raises_device_error(monkeypatch):
+    monkeypatch.setenv(wgsl_device.ADAPTER_ENV, "no-such-gpu-anywhere")
+    graph, weights = dynamic_block()
+    with pytest.raises(DeviceError, match="no-such-gpu-anywhere"):
+        WebGpuExecutor(graph, weights)
+    import kernels_wgsl
+
+    assert "no-such-gpu-anywhere" in kernels_wgsl.adapter_unavailable()
+
+
+def test_device_auto_falls_back_to_cpu_and_webgpu_refuses(monkeypatch, caplog):
+    from delegate.runtime.wgpu_backend import choose_device
+
+    monkeypatch.setenv(wgsl_device.ADAPTER_ENV, "no-such-gpu-anywhere")
+    graph, _ = dynamic_block()
+    with caplog.at_level(logging.INFO, logger="etwgpu"):
+        assert choose_device("auto", graph) == "cpu"
+    assert "no-such-gpu-anywhere" in caplog.text
+    with pytest.raises(DeviceError):
+        choose_device("webgpu", graph)
+
+
+def test_adapter_picked_by_backend_name_is_logged(monkeypatch, caplog):
+    backend = wgsl_device.get_device().adapter.info["backend_type"]
+    monkeypatch.setenv(wgsl_device.ADAPTER_ENV, backend.upper())   # case-insensitive
+    wgsl_device._DEVICES.pop(backend.upper(), None)
+    with caplog.at_level(logging.INFO, logger="etwgpu"):
+        gpu = wgsl_device.get_device()
+    assert gpu.adapter.info["backend_type"] == backend
+    assert "webgpu adapter" in caplog.text and backend in caplog.text
+    wgsl_device._DEVICES.pop(backend.upper(), None)
+
+
+def test_invalid_shader_raises_shader_error_with_the_driver_message():
+    gpu = wgsl_device.get_device()
+    bad = ("@group(0) @binding(0) var<uniform> p: vec4<u32>;\n"
+           "@compute @workgroup_size(1) fn main() { let x: u32 = undefined_thing; }")
+    with pytest.raises(ShaderError, match="undefined_thing") as err:
+        gpu.acquire_pipeline(bad, "main", (), ("uniform",))
+    assert isinstance(err.value, DelegateError)
+
+
+def test_outputs_keep_integer_and_shape_dtypes_through_the_round_trip():
+    g = Graph()
+    w = g.add_value(TensorValue(torch.float32, (11, 3), (11, 3), "table"))
+    idx = g.add_value(TensorValue(torch.int64, (SymExpr("s0"),), (9,)))
+    out = g.add_value(TensorValue(torch.float32, (SymExpr("s0"), 3), (9, 3)))
+    g.inputs, g.outputs = [idx], [out, idx]
+    g.symbols = [SymbolBinding("s0", 0, 0)]
+    g.nodes = [Node("embedding", [w, idx], [out])]
+    table = torch.randn(11, 3)
+    ex = WebGpuExecutor(g, {"table": table})
+    try:
+        ids = torch.tensor([10, 0, 4, 4])
+        rows, echoed = ex.execute([ids])
+        assert torch.equal(rows, table[ids]) and echoed.dtype == torch.int64
+        assert torch.equal(echoed, ids)
+    finally:
+        ex.destroy()
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_profiled_execute_times_every_dispatch_in_order(timestamps, monkeypatch):
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        if not timestamps:
+            monkeypatch.setattr(ex._gpu, "has_timestamps", False)
+        elif not ex._gpu.has_timestamps:
+            pytest.fail("lavapipe offers timestamp-query; this adapter does not")
+        x = torch.randn(6, 32)
+        outs, times, clock = ex.execute_profiled([x])
+        assert clock == ("gpu" if timestamps else "wall")
+        assert [label for label, _ in times] == [
+            "rms_norm [rms_norm]", "steel_gemm [linear]", "unary [silu]",
+            "steel_gemm [linear]", "softmax [softmax]"]
+        assert all(sec >= 0 for _, sec in times)
+        torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
+                                   **tol("model", "webgpu"))
+    finally:
+        ex.destroy()
+
+
+def test_profile_method_prints_dispatches_grouped_by_kernel(tmp_path):
+    from delegate.aot import lower
+    from delegate.models import MLP, seeded
+    from delegate.runtime.profile import profile_method
+
+    model = seeded(MLP(13, 29, 7))
+    path = tmp_path / "mlp.pte"
+    path.write_bytes(lower(model, (torch.randn(5, 13),), device="webgpu").buffer)
+    report = profile_method(str(path), device="webgpu", runs=2)
+    assert "GPU timestamps" in report and "steel_gemm [linear]" in report
+    assert "total per run" in report
+
+
+def test_adapter_load_option_overrides_the_environment(monkeypatch):
+    monkeypatch.setenv(wgsl_device.ADAPTER_ENV, "no-such-gpu-anywhere")
+    backend = wgsl_device.get_device("").adapter.info["backend_type"]
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights, adapter=backend)
+    try:
+        assert ex.describe()["adapter"].endswith(f"[{backend}, " + ex._gpu.adapter.info["adapter_type"] + "]")
+    finally:
+        ex.destroy()
+        wgsl_device._DEVICES.pop(backend, None)
+
+
+def test_linear_routes_by_live_rows_gemv_for_one_gemm_for_more():
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        for seq, kernel in ((1, "coop_gemv"), (9, "steel_gemm")):
+            x = torch.randn(seq, 32)
+            outs, times, _ = ex.execute_profiled([x])
+            assert [label for label, _ in times if "[linear]" in label] == [f"{kernel} [linear]"] * 2
+            torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
+                                       **tol("model", "webgpu"))
+    finally:
+        ex.destroy()
+
+
+def test_zero_dim_weights_and_inputs_upload():
+    x, s = torch.randn(()), torch.tensor(2.5)
+    graph, weights, feed = single_op_graph("mul", [x, s], {"other": None}, consts={1})
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        got, = ex.execute(feed)
+        assert got.shape == () and torch.equal(got, x * s)
+    finally:
+        ex.destroy()
