@@ -10,7 +10,7 @@ from delegate.models import MLP, TinyTransformer, TransformerBlock, seeded
 from delegate.runtime.program import Runtime
 from tests.tolerances import tol
 
-DEVICES = ["cpu"]
+DEVICES = ["cpu", "webgpu"]
 
 
 def run_pte(pm, inputs_list, device):

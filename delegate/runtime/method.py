@@ -62,6 +62,12 @@ class Method:
                 ops[a.op_index] = Resolved(op.name, op.overload)
         return ops
 
+    @property
+    def delegates(self) -> list:
+        """(backend, handle) for each delegate of this method, in plan order (profiling,
+        inspection); the handles stay owned by the Program."""
+        return list(self._delegates)
+
     def _analyse(self, instrs, ops, n_delegates):
         """Per-instruction written values, and each DelegateCall's (inputs, outputs)."""
         table = self._table

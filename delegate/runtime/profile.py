@@ -39,10 +39,8 @@ def profile_method(program_path, method: str = "forward", device: str = "webgpu"
 
 
 def _instrument(method, records: list):
-    """Shadow each delegate handle's execute with a timed one; returns the undo.
-
-    Reads Method._delegates: the runner has no public accessor for its delegate handles."""
-    handles = [handle for _, handle in method._delegates]
+    """Shadow each delegate handle's execute with a timed one; returns the undo."""
+    handles = [handle for _, handle in method.delegates]
     for index, handle in enumerate(handles):
         handle.execute = _timed(index, handle, handle.execute, records)
     return lambda: [h.__dict__.pop("execute", None) for h in handles]

@@ -24,11 +24,12 @@ class WgpuRuntimeBackend(PyBackend):
     def init(self, processed: bytes, ctx: InitContext):
         graph = blob.decode(processed)
         weights = _load_weights(graph, ctx)
-        device = choose_device(ctx.device, graph)
+        adapter = ctx.options.get("adapter")
+        device = choose_device(ctx.device, graph, adapter)
         if device == "webgpu":
             from delegate.runtime.webgpu_executor import WebGpuExecutor
 
-            return WebGpuExecutor(graph, weights)
+            return WebGpuExecutor(graph, weights, adapter=adapter)
         from delegate.runtime.cpu_executor import CpuExecutor
 
         return CpuExecutor(graph, weights)
@@ -43,12 +44,12 @@ class WgpuRuntimeBackend(PyBackend):
         return handle.describe()
 
 
-def choose_device(requested: str, graph) -> str:
+def choose_device(requested: str, graph, adapter: str | None = None) -> str:
     if requested not in DEVICES:
         raise DeviceError(f"device: expected one of {DEVICES}, got {requested!r}")
     if requested == "cpu":
         return "cpu"
-    why_not = _webgpu_unavailable(graph)
+    why_not = _webgpu_unavailable(graph, adapter)
     if requested == "webgpu":
         if why_not:
             raise DeviceError(f"device 'webgpu': expected a usable WebGPU executor, got: {why_not}")
@@ -60,7 +61,7 @@ def choose_device(requested: str, graph) -> str:
     return "webgpu"
 
 
-def _webgpu_unavailable(graph) -> str:
+def _webgpu_unavailable(graph, adapter: str | None) -> str:
     """Empty when WebGPU can run this graph, else the reason it cannot."""
     try:
         import kernels_wgsl
@@ -70,7 +71,7 @@ def _webgpu_unavailable(graph) -> str:
     missing = sorted({n.op for n in graph.nodes if not kernels_wgsl.has_kernel(n.op)})
     if missing:
         return f"no WGSL kernel for {missing}"
-    reason = kernels_wgsl.adapter_unavailable()
+    reason = kernels_wgsl.adapter_unavailable(adapter)
     return reason or ""
 
 
