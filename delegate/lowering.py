@@ -33,11 +33,14 @@ class LoweringContext:
         self._ids: dict = {}             # fx node -> value id (or list of ids for tuples)
         self._bounds = upper_bounds      # symbol name -> int upper bound
         self._named_data = named_data    # executorch NamedDataStore or None
+        self._deferred: dict = {}        # constant placeholder -> tensor, bound on first use
         self.weight_keys: list = []
 
     # ---- values --------------------------------------------------------------------------
     def tensor(self, arg) -> int:
         """Value id of a tensor argument: an fx node already lowered (or a getitem of one)."""
+        if isinstance(arg, torch.fx.Node) and arg in self._deferred:
+            self.bind_constant(arg, self._deferred.pop(arg))
         if isinstance(arg, torch.fx.Node) and arg in self._ids:
             vid = self._ids[arg]
             if isinstance(vid, list):
@@ -81,6 +84,11 @@ class LoweringContext:
         vid = self.constant(tensor, node.name)
         self._ids[node] = vid
         return vid
+
+    def defer_constant(self, node: torch.fx.Node, tensor: torch.Tensor) -> None:
+        """A weight that enters the IR (and the named-data store) only if some lowering reads
+        it through tensor(): one absorbed by a pattern (qdata a q4gsw linear repacks) never does."""
+        self._deferred[node] = tensor
 
     def bind_input(self, node: torch.fx.Node) -> int:
         """A user input of the delegate: records which symbols its dims (or value) define."""
@@ -133,6 +141,32 @@ class LoweringContext:
             raise UnsupportedError(f"value: expected a tensor, got {type(val).__name__}")
         dims = tuple(sym_text(s) for s in val.shape)
         return TensorValue(val.dtype, dims, tuple(self.upper_bound(d) for d in dims))
+
+
+def constant_keys(ep) -> dict:
+    """placeholder name -> state-dict / constants key, for parameters, buffers, constants."""
+    sig = ep.graph_signature
+    return {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+            **sig.inputs_to_lifted_tensor_constants}
+
+
+def constant_inputs(ep, real: Optional[dict] = None) -> dict:
+    """placeholder name -> tensor, for parameters, buffers and lifted constants.
+
+    ExecuTorch hands a partitioner a program whose state dict holds FakeTensors; `real`
+    (key -> tensor, from an earlier look at the real program) restores their values, and a
+    FakeTensor left unresolved is omitted, so a check never reads a fake's data."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    out = {}
+    for name, key in constant_keys(ep).items():
+        t = ep.state_dict[key] if key in ep.state_dict else ep.constants.get(key)
+        if isinstance(t, FakeTensor) and real is not None and key in real:
+            r = real[key]
+            t = r if (r.shape, r.dtype) == (t.shape, t.dtype) else t
+        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
+            out[name] = t
+    return out
 
 
 def upper_bounds(ep) -> dict:

@@ -21,7 +21,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from delegate import ops as registry
 from delegate import preprocess  # noqa: F401  (ExecuTorch finds WgpuBackend among loaded BackendDetails)
 from delegate.errors import DelegateError
-from delegate.lowering import upper_bounds
+from delegate.lowering import constant_inputs, constant_keys, upper_bounds
 
 log = logging.getLogger("etwgpu")
 DEVICES = ("webgpu", "cpu")
@@ -94,16 +94,21 @@ class WgpuPartitioner(Partitioner):
         specs = [CompileSpec("device", device.encode())]
         self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
         self.last_rejections: Counter = Counter()
+        self._real_constants: dict = {}   # state-dict key -> tensor, seen by ops_to_not_decompose
         super().__init__()
 
     def partition(self, exported_program) -> PartitionResult:
         support = RegistrySupport(self.device, upper_bounds(exported_program))
         gm = exported_program.graph_module
-        proposed = CapabilityBasedPartitioner(
-            gm, support, allows_single_node_partition=True
-        ).propose_partitions()
+        # ExecuTorch passes a program with FakeTensor weights; value checks read the real ones
+        constants = constant_inputs(exported_program, self._real_constants)
+        with registry.program_constants(constants):
+            proposed = CapabilityBasedPartitioner(
+                gm, support, allows_single_node_partition=True
+            ).propose_partitions()
+            parts = _prune_symbolic(proposed)
         tags = {}
-        for i, part in enumerate(_prune_symbolic(proposed)):
+        for i, part in enumerate(parts):
             tag = f"etwgpu_{i}"
             for node in part:
                 node.meta["delegation_tag"] = tag
@@ -124,6 +129,13 @@ class WgpuPartitioner(Partitioner):
         then fails on the view that follows it (the usual `y.transpose(1, 2).reshape(...)`).
         """
         support = RegistrySupport(self.device, upper_bounds(ep))
+        constants = constant_inputs(ep)
+        keys = constant_keys(ep)
+        self._real_constants.update({keys[name]: t for name, t in constants.items()})
+        with registry.program_constants(constants):
+            return self._kept_ops(ep, support), None
+
+    def _kept_ops(self, ep, support) -> list:
         keep = []
         for op in registry.all_ops().values():
             if not kernel_exists(op.name, self.device):
@@ -133,7 +145,7 @@ class WgpuPartitioner(Partitioner):
                          if n.op == "call_function" and n.target == aten_op]
                 if all(support.reason(n) is None for n in nodes):
                     keep.append(aten_op)
-        return keep, None
+        return keep
 
 
 def _resolve_aten(name: str):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import operator
 from typing import List
 
-import torch
 from executorch.exir._serialize._named_data_store import NamedDataStore
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -17,7 +16,7 @@ from delegate import blob
 from delegate import ops as registry
 from delegate.errors import UnsupportedError
 from delegate.ir import Graph
-from delegate.lowering import LoweringContext, upper_bounds
+from delegate.lowering import LoweringContext, constant_inputs, upper_bounds
 
 
 class WgpuBackend(BackendDetails):
@@ -35,19 +34,20 @@ def lower_to_ir(ep, named_data=None) -> Graph:
     """Walk the partition's graph in order; every call goes through its OpDef.lower."""
     graph = Graph()
     ctx = LoweringContext(graph, upper_bounds(ep), named_data)
-    constants = _constant_inputs(ep)
-    for node in ep.graph_module.graph.nodes:
-        if node.op == "placeholder":
-            if node.name in constants:
-                ctx.bind_constant(node, constants[node.name])
-            else:
-                ctx.bind_input(node)
-        elif node.op == "call_function" and node.target is operator.getitem:
-            continue  # ctx.tensor() maps getitem onto the tuple's element values
-        elif node.op == "call_function":
-            _lower_node(ctx, node)
-        elif node.op == "output":
-            graph.outputs = [ctx.tensor(a) for a in node.args[0]]
+    constants = constant_inputs(ep)
+    with registry.program_constants(constants):
+        for node in ep.graph_module.graph.nodes:
+            if node.op == "placeholder":
+                if node.name in constants:
+                    ctx.defer_constant(node, constants[node.name])
+                else:
+                    ctx.bind_input(node)
+            elif node.op == "call_function" and node.target is operator.getitem:
+                continue  # ctx.tensor() maps getitem onto the tuple's element values
+            elif node.op == "call_function":
+                _lower_node(ctx, node)
+            elif node.op == "output":
+                graph.outputs = [ctx.tensor(a) for a in node.args[0]]
     return graph
 
 
@@ -62,16 +62,3 @@ def _lower_node(ctx: LoweringContext, node) -> None:
             f"node {node.name}: expected a registered op, got {registry.target_name(node.target)}"
         )
     op.lower(ctx, node)
-
-
-def _constant_inputs(ep) -> dict:
-    """placeholder name -> tensor, for parameters, buffers and lifted constants."""
-    sig = ep.graph_signature
-    out = {}
-    for name, target in sig.inputs_to_parameters.items():
-        out[name] = ep.state_dict[target]
-    for name, target in sig.inputs_to_buffers.items():
-        out[name] = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
-    for name, target in sig.inputs_to_lifted_tensor_constants.items():
-        out[name] = ep.constants[target]
-    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}

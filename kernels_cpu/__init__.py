@@ -34,7 +34,7 @@ class CpuKernel:
 _KERNELS: dict[str, CpuKernel] = {}
 _FAMILIES = (
     "elementwise", "linear", "normalization", "softmax", "shape", "embedding", "attention",
-    "gated_delta_rule",
+    "gated_delta_rule", "q4gsw",
 )
 _loaded = False
 

@@ -11,7 +11,9 @@ Third parties add ops through the `etwgpu.ops` entry-point group: a module that 
 """
 from __future__ import annotations
 
+import contextvars
 import importlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Callable, Optional, Sequence
@@ -122,6 +124,31 @@ def pattern_rejections(node) -> list:
         return []
     return [f"{p.name}: {why}" for p in _PATTERNS.get(target_name(node.target), ())
             if (why := p.match(node)) is not None]
+
+
+_CONSTANTS: contextvars.ContextVar = contextvars.ContextVar("etwgpu_constants", default=None)
+
+
+@contextmanager
+def program_constants(constants: dict):
+    """While partitioning or lowering a program: placeholder name -> its constant tensor.
+
+    Lets a check, match or lower read weight values (a dequantize's zero points, the qdata it
+    packs) without holding the ExportedProgram."""
+    token = _CONSTANTS.set(constants)
+    try:
+        yield
+    finally:
+        _CONSTANTS.reset(token)
+
+
+def constant_value(node):
+    """The tensor behind a parameter / buffer / constant placeholder of the program being
+    partitioned or lowered; None for anything else or outside program_constants()."""
+    constants = _CONSTANTS.get()
+    if constants is None or getattr(node, "op", None) != "placeholder":
+        return None
+    return constants.get(node.name)
 
 
 def _load() -> None:

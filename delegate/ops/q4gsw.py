@@ -1,0 +1,183 @@
+"""linear_q4gsw: linear with 4-bit group-symmetric weights (torchao int4 weight-only).
+
+torchao's `IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(gs))` exports as
+
+    w = torchao.dequantize_affine(qdata int8 [N, K], [1, gs], scale [N, K/gs], zero_point,
+                                  torch.int8, -8, 7)    # w[n, k] = qdata[n, k] * scale[n, k/gs]
+    y = aten.linear(x, w, bias)
+
+The dequantize is a folded op and the linear is the anchor of the `linear_q4gsw` pattern: the
+pair lowers to one IR node whose weights stay packed, in ExecuTorch's q4gsw layout:
+
+    packed  [N, K/2] bytes: k even in the low nibble, k odd in the high one, each stored q + 8.
+            Held as its little-endian u32 words, int32 [N, K/8]:
+            q[n, k] = ((packed[n, k/8] >> 4*(k%8)) & 0xF) - 8
+    scales  float32 [K/gs, N padded to a multiple of 4] (pad columns are 0).
+
+0.5 bytes per parameter for the nibbles plus 4/gs for the scales. Kernels:
+kernels_cpu/q4gsw.py and kernels_wgsl/q4gsw.py.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+
+from delegate import ops as registry
+from delegate.errors import DelegateError, expect
+from delegate.ops import register_op, register_pattern, target_name
+
+DEQUANTIZE = "torchao.dequantize_affine.default"
+LINEAR = "aten.linear.default"
+GROUP_SIZES = (32, 64, 128, 256)
+QMIN, QMAX = -8, 7
+
+
+# ---- packing (export time) ---------------------------------------------------------------------
+def pack_q4gsw(qdata: torch.Tensor, scale: torch.Tensor, group_size: int):
+    """(packed int32 [N, K/8], scales float32 [K/gs, ceil4(N)]) from qdata [N, K] in [-8, 7]
+    and torchao's scale [N, K/gs]."""
+    n, k = qdata.shape
+    nib = (qdata.to(torch.int32) + 8).to(torch.uint8)            # 0..15
+    packed = (nib[:, 0::2] | (nib[:, 1::2] << 4)).contiguous()    # uint8 [N, K/2]
+    scales = torch.zeros(k // group_size, -(-n // 4) * 4, dtype=torch.float32)
+    scales[:, :n] = scale.reshape(n, k // group_size).to(torch.float32).t()
+    return packed.view(torch.int32), scales
+
+
+# ---- support -------------------------------------------------------------------------------------
+def _arg(node, i: int, name: str, default=None):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _q4_args(dq):
+    """(qdata node, block_size, scale node, zero_point node or None) of a dequantize_affine."""
+    return dq.args[0], list(dq.args[1]), dq.args[2], _arg(dq, 3, "zero_point")
+
+
+def why_not_q4gsw(dq) -> Optional[str]:
+    """None when this dequantize_affine is a 4-bit group-symmetric weight we can pack."""
+    qnode, block, snode, znode = _q4_args(dq)
+    qdata, scale = registry.constant_value(qnode), registry.constant_value(snode)
+    if qdata is None or scale is None:
+        return "qdata and scale must be constant weights"
+    if qdata.dtype != torch.int8 or qdata.dim() != 2:
+        return f"qdata: expected int8 [N, K], got {qdata.dtype} {tuple(qdata.shape)}"
+    n, k = qdata.shape
+    dtype = _arg(dq, 4, "input_dtype")
+    qmin, qmax = _arg(dq, 5, "quant_min"), _arg(dq, 6, "quant_max")
+    if (dtype, qmin, qmax) != (torch.int8, QMIN, QMAX):
+        return f"quantization: expected int8 in [{QMIN}, {QMAX}], got {dtype} in [{qmin}, {qmax}]"
+    if _arg(dq, 7, "output_dtype", torch.float32) != torch.float32:
+        return f"output dtype: expected torch.float32, got {_arg(dq, 7, 'output_dtype')}"
+    if k % 8:
+        return f"K: expected a multiple of 8, got {k}"
+    gs = block[1] if len(block) == 2 and block[0] == 1 else None
+    if gs not in GROUP_SIZES:
+        return f"block size: expected [1, gs] with gs in {list(GROUP_SIZES)}, got {block}"
+    if k % gs:
+        return f"K: expected a multiple of the group size {gs}, got {k}"
+    if scale.dtype != torch.float32 or scale.numel() != n * (k // gs):
+        return (f"scale: expected float32 with {n}x{k // gs} values, "
+                f"got {scale.dtype} {tuple(scale.shape)}")
+    zero = None if znode is None else registry.constant_value(znode)
+    if znode is not None and zero is None:
+        return "zero points must be a constant weight"
+    return _value_check(qdata, zero)
+
+
+# id(qdata) -> (weakref to qdata, weakref to zero or None, their versions, reason): the
+# partitioner asks about every node several times, and a min/max over a 262M-entry LM head is
+# not free. The weakrefs make a reused id (a freed tensor's address) a miss, never a stale hit.
+_VALUE_CHECKS: dict = {}
+
+
+def _value_check(qdata: torch.Tensor, zero) -> Optional[str]:
+    versions = (qdata._version, None if zero is None else zero._version)
+    hit = _VALUE_CHECKS.get(id(qdata))
+    if (hit is not None and hit[0]() is qdata and versions == hit[2]
+            and (None if hit[1] is None else hit[1]()) is zero):
+        return hit[3]
+    if zero is not None and bool(zero.ne(0).any()):
+        why = "zero points: expected all 0 (symmetric), got nonzero values"
+    elif int(qdata.min()) < QMIN or int(qdata.max()) > QMAX:
+        why = (f"qdata: expected values in [{QMIN}, {QMAX}], "
+               f"got [{int(qdata.min())}, {int(qdata.max())}]")
+    else:
+        why = None
+    if len(_VALUE_CHECKS) > 1024:
+        _VALUE_CHECKS.clear()
+    _VALUE_CHECKS[id(qdata)] = (weakref.ref(qdata), None if zero is None else weakref.ref(zero),
+                                versions, why)
+    return why
+
+
+def _check_dequantize(dq) -> Optional[str]:
+    """Folded: claimable only as the weight of linears that all take it as their weight."""
+    for user in dq.users:
+        if user.op != "call_function" or target_name(user.target) != LINEAR:
+            return f"user {user.name}: expected aten.linear reading it as weight, got {user.target}"
+        if user.args[0] is dq or _arg(user, 2, "bias") is dq or user.args[1] is not dq:
+            return f"user {user.name}: expected aten.linear reading it as weight only"
+    return why_not_q4gsw(dq)
+
+
+def _match_linear(node) -> Optional[str]:
+    """None when the linear's weight is a claimable dequantize_affine and x is float32 [..., K]."""
+    w = node.args[1]
+    if getattr(w, "op", None) != "call_function" or target_name(w.target) != DEQUANTIZE:
+        return "weight is not a torchao.dequantize_affine"
+    why = _check_dequantize(w)
+    if why is not None:
+        return why
+    x = node.args[0].meta.get("val")
+    k = w.meta["val"].shape[1]
+    if x is None or x.dtype != torch.float32 or x.shape[-1] != k:
+        return f"input: expected float32 [..., {k}], got {getattr(x, 'dtype', None)}"
+    bias = _arg(node, 2, "bias")
+    if bias is not None and bias.meta["val"].dtype != torch.float32:
+        return f"bias: expected float32, got {bias.meta['val'].dtype}"
+    return None
+
+
+# ---- lowering and shapes -------------------------------------------------------------------
+def _lower_linear(ctx, node) -> None:
+    qnode, block, snode, _ = _q4_args(node.args[1])
+    qdata = registry.constant_value(qnode)
+    n, k = qdata.shape
+    packed, scales = pack_q4gsw(qdata, registry.constant_value(snode), block[1])
+    ins = [ctx.tensor(node.args[0]), ctx.constant(packed), ctx.constant(scales),
+           ctx.optional_tensor(_arg(node, 2, "bias"))]
+    ctx.emit("linear_q4gsw", ins, [ctx.output(node)], group_size=int(block[1]), K=int(k), N=int(n))
+
+
+def _lower_nothing(ctx, node) -> None:
+    """The linear_q4gsw pattern at each user reads the dequantize's qdata and scale itself."""
+
+
+def _infer_linear(in_shapes, attrs):
+    x, packed, scales = in_shapes[0], in_shapes[1], in_shapes[2]
+    bias = in_shapes[3] if len(in_shapes) > 3 else None
+    k, n, gs = attrs["K"], attrs["N"], attrs["group_size"]
+    expect(x is not None and len(x) >= 1 and x[-1] == k, DelegateError, "linear_q4gsw input",
+           f"[..., {k}]", x)
+    expect(tuple(packed) == (n, k // 8), DelegateError, "linear_q4gsw packed weight",
+           (n, k // 8), tuple(packed))
+    expect(tuple(scales) == (k // gs, -(-n // 4) * 4), DelegateError, "linear_q4gsw scales",
+           (k // gs, -(-n // 4) * 4), tuple(scales))
+    expect(bias is None or tuple(bias) == (n,), DelegateError, "linear_q4gsw bias", (n,), bias)
+    return [tuple(x[:-1]) + (n,)]
+
+
+def _infer_dequantize(in_shapes, attrs):
+    return [tuple(in_shapes[0])]
+
+
+register_op("linear_q4gsw", (), _infer_linear, _lower_linear,
+            doc="x @ dequant(W)^T + b; W packed 4-bit [N, K/2], fp32 scales per group of K")
+register_op("dequantize_affine_q4", (DEQUANTIZE,), _infer_dequantize, _lower_nothing,
+            check=_check_dequantize, folded=True,
+            doc="torchao int4 per-group dequantize; folded into the linear_q4gsw that reads it")
+register_pattern("linear_q4gsw", LINEAR, _match_linear, _lower_linear,
+                 doc="torchao.dequantize_affine (int4, [1, gs], zero points 0) -> aten.linear")
