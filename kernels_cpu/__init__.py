@@ -13,12 +13,11 @@ Third parties add kernels through the `etwgpu.kernels` entry-point group.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Callable, Optional
 
 from delegate.errors import UnknownOperatorError
+from delegate.plugins import import_families
 
 KernelFn = Callable[[list, list, dict, object], None]
 ScratchFn = Callable[[list, dict, int], int]
@@ -32,10 +31,6 @@ class CpuKernel:
 
 
 _KERNELS: dict[str, CpuKernel] = {}
-_FAMILIES = (
-    "elementwise", "linear", "normalization", "softmax", "shape", "embedding", "attention",
-    "gated_delta_rule", "q4gsw",
-)
 _loaded = False
 
 
@@ -51,17 +46,9 @@ def register_kernel(name: str, scratch_nbytes: Optional[ScratchFn] = None):
 
 def _load() -> None:
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for fam in _FAMILIES:
-        try:
-            importlib.import_module(f"kernels_cpu.{fam}")
-        except ModuleNotFoundError as e:
-            if e.name != f"kernels_cpu.{fam}":
-                raise
-    for ep in entry_points(group="etwgpu.kernels"):
-        ep.load()
+    if not _loaded:
+        _loaded = True
+        import_families(__name__, __path__, skip=("threadpool",), group="etwgpu.kernels")
 
 
 def has_kernel(name: str) -> bool:

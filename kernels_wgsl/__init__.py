@@ -20,14 +20,13 @@ output is the input's bytes reinterpreted (a contiguous reshape).
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from delegate.errors import UnknownOperatorError
+from delegate.plugins import import_families
 
 _DIR = Path(__file__).parent
 _NOT_FAMILIES = ("device",)
@@ -77,14 +76,10 @@ def register_wgsl(name: str, alias: bool = False):
 
 
 def _load() -> None:
-    """Import every family module of this package, so adding a family edits no core file."""
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for mod in pkgutil.iter_modules([str(_DIR)]):
-        if mod.name not in _NOT_FAMILIES:
-            importlib.import_module(f"kernels_wgsl.{mod.name}")
+    if not _loaded:
+        _loaded = True
+        import_families(__name__, __path__, skip=_NOT_FAMILIES, group="etwgpu.wgsl")
 
 
 def has_kernel(name: str) -> bool:

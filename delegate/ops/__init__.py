@@ -12,15 +12,14 @@ Third parties add ops through the `etwgpu.ops` entry-point group: a module that 
 from __future__ import annotations
 
 import contextvars
-import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from delegate.errors import DelegateError, UnknownOperatorError
+from delegate.plugins import import_families
 
 Shape = tuple  # tuple[int, ...]
 # infer(input_shapes, attrs) -> output shapes; input_shapes has None for absent optional inputs.
@@ -66,10 +65,6 @@ class PatternDef:
 _OPS: dict[str, OpDef] = {}
 _PATTERNS: dict[str, list] = {}     # anchor target name -> [PatternDef]
 _BY_TARGET: dict[str, OpDef] = {}
-_FAMILIES = (
-    "elementwise", "linear", "normalization", "softmax", "shape", "embedding", "attention",
-    "symbolic", "gated_delta_rule", "q4gsw",
-)
 _loaded = False
 
 
@@ -153,17 +148,9 @@ def constant_value(node):
 
 def _load() -> None:
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for fam in _FAMILIES:
-        try:
-            importlib.import_module(f"delegate.ops.{fam}")
-        except ModuleNotFoundError as e:
-            if e.name != f"delegate.ops.{fam}":
-                raise
-    for ep in entry_points(group="etwgpu.ops"):
-        ep.load()
+    if not _loaded:
+        _loaded = True
+        import_families(__name__, __path__, skip=(), group="etwgpu.ops")
 
 
 def all_ops() -> dict[str, OpDef]:
