@@ -69,7 +69,9 @@ fn sdpa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var total = 0.0;
     var acc = vec4<f32>(0.0);
     let vbase = (b * p.hkv + hk) * p.s;
-    for (var s0 = 0u; s0 < p.s; s0 = s0 + LANES) {
+    // Causal rows never look past their own position: stop streaming keys there.
+    let s_end = select(p.s, min(p.s, li + 1u), CAUSAL);
+    for (var s0 = 0u; s0 < s_end; s0 = s0 + LANES) {
         let sc = score(b, h, hk, li, s0 + t);
         probs[t] = sc;
         workgroupBarrier();
