@@ -57,36 +57,46 @@ fn steel_gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
     let m0 = tm * TILE;
     let n0 = tn * TILE;
-    var acc: array<f32, 16>;
+    // One vec4 accumulator per output row: arrays indexed by loop counters spill to local
+    // memory on NVIDIA's compiler (measured ~5x slower on an H200), vec4 registers do not.
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < p.k; k0 = k0 + BK) {
         load_tiles(bb * p.a_sb, bb * p.b_sb, m0, n0, k0, lid);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
-            var av: array<f32, 4>;
-            var wv: array<f32, 4>;
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                av[i] = a_tile[kk * TILE + lid3.y + 16u * i];
-                wv[i] = w_tile[kk * TILE + lid3.x + 16u * i];
-            }
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                for (var j = 0u; j < 4u; j = j + 1u) {
-                    acc[i * 4u + j] = fma(av[i], wv[j], acc[i * 4u + j]);
-                }
-            }
+            let ab = kk * TILE + lid3.y;
+            let wb = kk * TILE + lid3.x;
+            let av = vec4<f32>(a_tile[ab], a_tile[ab + 16u], a_tile[ab + 32u], a_tile[ab + 48u]);
+            let wv = vec4<f32>(w_tile[wb], w_tile[wb + 16u], w_tile[wb + 32u], w_tile[wb + 48u]);
+            acc0 = fma(vec4<f32>(av.x), wv, acc0);
+            acc1 = fma(vec4<f32>(av.y), wv, acc1);
+            acc2 = fma(vec4<f32>(av.z), wv, acc2);
+            acc3 = fma(vec4<f32>(av.w), wv, acc3);
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            let gm = m0 + lid3.y + 16u * i;
-            let gn = n0 + lid3.x + 16u * j;
-            if (gm < p.m && gn < p.n) {
-                var r = p.alpha * acc[i * 4u + j];
-                if (HAS_BIAS) {
-                    r = r + p.beta * bias[bb * p.bias_sb + gm * p.bias_sm + gn * p.bias_sn];
-                }
-                c[(bb * p.m + gm) * p.n + gn] = r;
+    store_row(acc0, bb, m0 + lid3.y, n0 + lid3.x);
+    store_row(acc1, bb, m0 + lid3.y + 16u, n0 + lid3.x);
+    store_row(acc2, bb, m0 + lid3.y + 32u, n0 + lid3.x);
+    store_row(acc3, bb, m0 + lid3.y + 48u, n0 + lid3.x);
+}
+
+// Row gm of a thread's 4x4 block: columns gn, gn + 16, gn + 32, gn + 48.
+fn store_row(row: vec4<f32>, bb: u32, gm: u32, gn: u32) {
+    if (gm >= p.m) {
+        return;
+    }
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        let n = gn + 16u * j;
+        if (n < p.n) {
+            var r = p.alpha * row[j];
+            if (HAS_BIAS) {
+                r = r + p.beta * bias[bb * p.bias_sb + gm * p.bias_sm + n * p.bias_sn];
             }
+            c[(bb * p.m + gm) * p.n + n] = r;
         }
     }
 }
