@@ -42,6 +42,7 @@ class Dispatch:
     sizes: SizesFn
     constants: tuple = ()  # ((override name, value), ...) pipeline-overridable constants
     label: str = ""        # kernel name for profiles; defaults to the entry point
+    prelude: str = ""      # WGSL put before the file: `enable`s and aliases picking a variant
 
     def kinds(self) -> tuple:
         return ("uniform",) + tuple("rw" if a in self.writes else "read" for a in self.args)
@@ -105,14 +106,14 @@ def adapter_unavailable(selector: str | None = None) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def source(shader: str) -> str:
-    """WGSL text of kernels_wgsl/<shader>.wgsl with common.wgsl after its `enable` lines."""
+def source(shader: str, prelude: str = "") -> str:
+    """WGSL text of kernels_wgsl/<shader>.wgsl after the prelude and common.wgsl, with every
+    `enable` line first (WGSL wants directives before declarations)."""
     body = (_DIR / f"{shader}.wgsl").read_text()
     common = (_DIR / "common.wgsl").read_text()
-    lines = body.splitlines()
+    lines = prelude.splitlines() + [common] + body.splitlines()
     enables = [ln for ln in lines if ln.startswith("enable ")]
-    rest = [ln for ln in lines if not ln.startswith("enable ")]
-    return "\n".join(enables + [common] + rest)
+    return "\n".join(enables + [ln for ln in lines if not ln.startswith("enable ")])
 
 
 # ---- params packing -------------------------------------------------------------------------

@@ -3,7 +3,7 @@
     M == 1  q4gsw_coop_gemv.wgsl    64 lanes, 2 output columns per workgroup (decode)
     M > 1   q4gsw_steel_gemm.wgsl   64x64 tile, 16x16 threads, BK 16 (prefill); f16 multiply
                                     with f32 accumulation when the device has shader-f16, else
-                                    q4gsw_steel_gemm_f32.wgsl
+                                    all f32 (the prelude picks tile_t)
 
 Both dispatches are built once per load; `sizes` gives the one that does not fit the live M a
 workgroup count of 0, so the executor skips it. Operands: x [..., K], packed int32 [N, K/8],
@@ -11,21 +11,13 @@ scales float32 [K/gs, N padded to 4], bias [N] or absent, out [..., N].
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from kernels_wgsl import Dispatch, groups, numel, register_wgsl, words
 
 TILE = 64
 GEMV_COLS = 2
 GEMM, GEMV = "q4gsw_steel_gemm", "q4gsw_coop_gemv"
-GEMM_F32 = "q4gsw_steel_gemm_f32"
-_F16_HEADER = ("enable f16;\n", "alias tile_t = f16;")
-
-
-def f32_variant(f16_source: str) -> str:
-    """The all-f32 GEMM: the f16 file with its tile type switched (checked by a test)."""
-    return (f16_source.replace(_F16_HEADER[0], "", 1)
-            .replace(_F16_HEADER[1], "alias tile_t = f32;", 1))
+PRELUDE = {True: "enable f16;\nalias tile_t = f16;", False: "alias tile_t = f32;"}
 
 
 def q4_params(m: int, attrs: dict) -> bytes:
@@ -51,18 +43,8 @@ def linear_q4gsw(ins, outs, attrs, info):
 
     f16 = bool(info.gpu.has_f16)
     return [
-        Dispatch(GEMM if f16 else GEMM_F32, GEMM, args, (4,), gemm_sizes, constants,
-                 label=GEMM + ("_f16" if f16 else "_f32")),
+        Dispatch(GEMM, GEMM, args, (4,), gemm_sizes, constants,
+                 label=GEMM + ("_f16" if f16 else "_f32"), prelude=PRELUDE[f16]),
         Dispatch(GEMV, GEMV, args, (4,), gemv_sizes, constants, label=GEMV),
     ]
 
-
-def _regenerate() -> None:
-    """python -m kernels_wgsl.q4gsw rewrites q4gsw_steel_gemm_f32.wgsl from the f16 file."""
-    here = Path(__file__).parent
-    src = (here / f"{GEMM}.wgsl").read_text()
-    (here / f"{GEMM_F32}.wgsl").write_text(f32_variant(src))
-
-
-if __name__ == "__main__":
-    _regenerate()

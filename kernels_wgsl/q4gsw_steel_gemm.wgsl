@@ -1,7 +1,5 @@
-enable f16;
-alias tile_t = f16;
-// q4gsw_steel_gemm_f32.wgsl (adapters without shader-f16) is generated from the f16 file:
-// `python -m kernels_wgsl.q4gsw` switches tile_t to f32; a test fails when they drift.
+// tile_t is f16 where the device has shader-f16, else f32: the dispatch's prelude declares
+// it (kernels_wgsl/q4gsw.py), so both variants are this one file.
 
 // linear_q4gsw prefill (M > 1): "steel" tiled GEMM over 4-bit group-symmetric weights.
 //   out[m, n] = bias[n] + sum_g scales[g, n] * sum_{k in group g} x[m, k] * q[n, k]

@@ -2,7 +2,6 @@
 dequantize-then-matmul golden as the CPU kernel. One executor per (N, K, gs, bias) with a
 dynamic M runs every M of the grid, so both kernels and the per-execute routing are covered."""
 import itertools
-from pathlib import Path
 
 import pytest
 import torch
@@ -127,13 +126,6 @@ def test_weights_stay_packed_on_the_gpu():
         assert ex.describe()["weight_bytes"] <= 0.6 * n * k
     finally:
         ex.destroy()
-
-
-def test_f32_gemm_file_is_generated_from_the_f16_one():
-    here = Path(wq.__file__).parent
-    f16 = (here / f"{wq.GEMM}.wgsl").read_text()
-    assert (here / f"{wq.GEMM_F32}.wgsl").read_text() == wq.f32_variant(f16), \
-        "run `python -m kernels_wgsl.q4gsw` to regenerate q4gsw_steel_gemm_f32.wgsl"
 
 
 def test_torchao_model_end_to_end_on_webgpu_matches_eager():

@@ -179,7 +179,7 @@ class WebGpuExecutor:
         import wgpu
 
         key, pipeline, layout = self._gpu.acquire_pipeline(
-            kernels_wgsl.source(spec.shader), spec.entry, spec.constants, spec.kinds())
+            kernels_wgsl.source(spec.shader, spec.prelude), spec.entry, spec.constants, spec.kinds())
         self._pipeline_keys.append(key)
         params, _ = spec.sizes(ins, outs, attrs)
         uniform = self._new_buffer(
