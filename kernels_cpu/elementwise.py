@@ -80,6 +80,11 @@ for _name, _fn in (
     ("tanh", lambda x, o: torch.tanh(x, out=o)),
     ("rsqrt", lambda x, o: torch.rsqrt(x, out=o)),
     ("silu", lambda x, o: aten.silu.out(x, out=o)),
+    ("abs", lambda x, o: torch.abs(x, out=o)),
+    ("sqrt", lambda x, o: torch.sqrt(x, out=o)),
+    ("log", lambda x, o: torch.log(x, out=o)),
+    ("ceil", lambda x, o: torch.ceil(x, out=o)),
+    ("floor", lambda x, o: torch.floor(x, out=o)),
 ):
     register_kernel(_name)(_unary(_fn))
 
@@ -94,3 +99,21 @@ def gelu(ins, outs, attrs, scratch):
 def pow_scalar(ins, outs, attrs, scratch):
     e = attrs["exponent"]
     map_chunks(lambda o, x: torch.pow(x, e, out=o), outs[0], ins[0])
+
+
+@register_kernel("clamp")
+def clamp(ins, outs, attrs, scratch):
+    lo, hi = attrs.get("min"), attrs.get("max")
+    map_chunks(lambda o, x: torch.clamp(x, lo, hi, out=o), outs[0], ins[0])
+
+
+@register_kernel("leaky_relu")
+def leaky_relu(ins, outs, attrs, scratch):
+    slope = attrs["negative_slope"]
+    map_chunks(lambda o, x: aten.leaky_relu.out(x, slope, out=o), outs[0], ins[0])
+
+
+@register_kernel("elu")
+def elu(ins, outs, attrs, scratch):
+    a, s, i = attrs["alpha"], attrs["scale"], attrs["input_scale"]
+    map_chunks(lambda o, x: aten.elu.out(x, a, s, i, out=o), outs[0], ins[0])

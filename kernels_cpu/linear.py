@@ -1,4 +1,4 @@
-"""Matrix-product CPU kernels: linear, mm, bmm, addmm.
+"""Matrix-product CPU kernels: linear, mm, bmm, addmm; convolution.
 
 Every product is out[M, N] = beta * bias + alpha * (a[M, K] @ b[K, N]). Workers take disjoint
 row blocks of out when M is large enough to share (prefill), else disjoint column blocks
@@ -80,3 +80,19 @@ def bmm(ins, outs, attrs, scratch):
         pool.parallel_for(B, lambda _w, s, e: torch.bmm(a[s:e], b[s:e], out=out[s:e]))
     else:
         pool.parallel_for(M, lambda _w, s, e: torch.bmm(a[:, s:e], b, out=out[:, s:e]))
+
+
+@register_kernel("convolution")
+def convolution(ins, outs, attrs, scratch):
+    x, w, bias, out = ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0]
+    args = [attrs[k] for k in ("stride", "padding", "dilation", "transposed", "output_padding",
+                               "groups")]
+
+    def conv(o, xs):
+        torch.ops.aten.convolution.out(xs, w, bias, *args, out=o)
+
+    pool = get_pool()
+    if pool.num_threads == 1 or x.shape[0] == 1:
+        conv(out, x)
+    else:  # batch elements are independent
+        pool.parallel_for(x.shape[0], lambda _w, s, e: conv(out[s:e], x[s:e]))

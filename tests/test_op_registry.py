@@ -63,7 +63,9 @@ class Elementwise(nn.Module):
         a = torch.add(x, y, alpha=2) + (x - 2.5) + x * 0.5 + x / y + x / 4.0
         b = torch.sub(x, y, alpha=0.5) - torch.neg(x) + torch.exp(x) + torch.sigmoid(x)
         c = F.silu(x) + F.relu(x) + F.gelu(x) + F.gelu(x, approximate="tanh") + torch.tanh(x)
-        return a + b + c + torch.rsqrt(y) + x ** 2 + torch.pow(y, 0.5)
+        d = torch.abs(x) + torch.sqrt(y) + torch.log(y) + torch.ceil(x) + torch.floor(x)
+        e = x.clamp(-1, 1) + x.clamp(min=0) + F.hardtanh(x) + F.leaky_relu(x, 0.2) + F.elu(x)
+        return a + b + c + d + e + torch.rsqrt(y) + x ** 2 + torch.pow(y, 0.5)
 
 
 class Linear(nn.Module):
@@ -71,11 +73,12 @@ class Linear(nn.Module):
         super().__init__()
         self.fc = nn.Linear(13, 7)
         self.proj = nn.Linear(7, 5, bias=False)
+        self.conv = nn.Conv1d(3, 4, 2)
 
     def forward(self, x, a, b, c):
         bias = torch.ones(11)
         return (self.proj(self.fc(x)), a @ b, torch.bmm(c, c.transpose(1, 2)),
-                torch.addmm(bias, a, b, beta=0.5, alpha=2.0))
+                torch.addmm(bias, a, b, beta=0.5, alpha=2.0), self.conv(c))
 
 
 class Normalization(nn.Module):
@@ -271,6 +274,8 @@ SAMPLE_ATTRS = {
     "select": {"dim": 1, "index": -1}, "cat": {"dim": 1}, "unsqueeze": {"dim": -1},
     "squeeze": {"dims": [0, 2]}, "split": {"split_sizes": [2, 3], "dim": -1},
     "sdpa": {"is_causal": True, "scale": None, "enable_gqa": True},
+    "convolution": {"stride": [2, 1], "padding": [1, 0], "dilation": [1, 2], "transposed": False,
+                    "output_padding": [0, 0], "groups": 1},
 }
 OUR_FAMILIES = ("elementwise", "linear", "normalization", "softmax", "shape", "embedding",
                 "attention")

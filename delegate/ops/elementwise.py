@@ -95,7 +95,8 @@ for _name, _targets, _alpha in (
 
 for _name, _doc in (
     ("neg", "-x"), ("exp", "e^x"), ("sigmoid", "1 / (1 + e^-x)"), ("relu", "max(x, 0)"),
-    ("tanh", "tanh(x)"), ("rsqrt", "1 / sqrt(x)"),
+    ("tanh", "tanh(x)"), ("rsqrt", "1 / sqrt(x)"), ("abs", "|x|"), ("sqrt", "sqrt(x)"),
+    ("log", "ln(x)"), ("ceil", "ceil(x)"), ("floor", "floor(x)"),
 ):
     register_op(_name, (f"aten.{_name}.default",), _infer_unary, _unary_lower(_name),
                 check=float_inputs, doc=_doc)
@@ -109,3 +110,55 @@ register_op("gelu", ("aten.gelu.default",), _infer_unary,
 register_op("pow", ("aten.pow.Tensor_Scalar",), _infer_unary,
             _unary_lower("pow", {"exponent": (1, "exponent", None)}), check=_check_pow,
             doc="x ** exponent for a scalar exponent")
+
+
+def _bound(x):
+    return None if x is None else float(x)
+
+
+def _clamp_bounds(node):
+    """(min, max) of clamp, or of hardtanh (defaults -1, 1), as given positionally or by name."""
+    if "hardtanh" in str(node.target):
+        return arg(node, 1, "min_val", -1.0), arg(node, 2, "max_val", 1.0)
+    return arg(node, 1, "min", None), arg(node, 2, "max", None)
+
+
+def _check_clamp(node):
+    lo, hi = _clamp_bounds(node)
+    for what, v in (("min", lo), ("max", hi)):
+        if v is not None and not _is_number(v):
+            return f"{what}: expected an int, a float or None, got {type(v).__name__}"
+    if lo is None and hi is None:
+        return "bounds: expected min or max, got neither"
+    return float_inputs(node)
+
+
+def _lower_clamp(ctx, node):
+    lo, hi = _clamp_bounds(node)
+    ctx.emit("clamp", [ctx.tensor(node.args[0])], [ctx.output(node)], min=_bound(lo),
+             max=_bound(hi))
+
+
+def _check_numbers(*params):
+    """Reason unless each (index, name) argument, when given, is an int or float."""
+    def check(node):
+        for i, name in params:
+            v = arg(node, i, name, 0.0)
+            if not _is_number(v):
+                return f"{name}: expected an int or float, got {type(v).__name__}"
+        return float_inputs(node)
+
+    return check
+
+
+# hardtanh is clamp with other defaults; hardswish and hardsigmoid decompose into clamp.
+register_op("clamp", ("aten.clamp.default", "aten.hardtanh.default"), _infer_unary,
+            _lower_clamp, check=_check_clamp, doc="min(max(x, min), max); either bound optional")
+register_op("leaky_relu", ("aten.leaky_relu.default",), _infer_unary,
+            _unary_lower("leaky_relu", {"negative_slope": (1, "negative_slope", 0.01)}),
+            check=_check_numbers((1, "negative_slope")), doc="x if x > 0 else slope * x")
+register_op("elu", ("aten.elu.default",), _infer_unary,
+            _unary_lower("elu", {"alpha": (1, "alpha", 1.0), "scale": (2, "scale", 1.0),
+                                 "input_scale": (3, "input_scale", 1.0)}),
+            check=_check_numbers((1, "alpha"), (2, "scale"), (3, "input_scale")),
+            doc="scale * (x if x > 0 else alpha * (e^(input_scale * x) - 1))")

@@ -1,4 +1,5 @@
-"""Matrix products: linear (kept whole from decomposition), mm, bmm and addmm.
+"""Matrix products: linear (kept whole from decomposition), mm, bmm and addmm; and 1-D / 2-D
+convolution (plain or transposed), a matrix product over sliding windows.
 
 linear reads its weight as torch stores it, [N, K], so no permute_copy of the weight is needed;
 the decomposed form (permute_copy + addmm / mm) lowers through shape's permute and these ops.
@@ -95,3 +96,57 @@ register_op("bmm", ("aten.bmm.default",), _infer_bmm, _lower_mm("bmm"), check=fl
             doc="[B, M, K] @ [B, K, N]")
 register_op("addmm", ("aten.addmm.default",), _infer_addmm, _lower_addmm, check=_check_addmm,
             doc="beta * bias + alpha * (a @ b), bias broadcast to [M, N]")
+
+
+_CONV_ATTRS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
+
+
+def _conv_params(node) -> dict:
+    return dict(zip(_CONV_ATTRS, node.args[3:9]))
+
+
+def _infer_conv(in_shapes, attrs):
+    """out = floor((in + 2p - d(k-1) - 1) / s) + 1; transposed: (in-1)s - 2p + d(k-1) + op + 1."""
+    one_input(in_shapes, 2)
+    x, w = in_shapes[0], in_shapes[1]
+    spatial = len(x) - 2
+    expect(spatial in (1, 2) and len(w) == len(x), DelegateError, "convolution input/weight rank",
+           "3 or 4, equal", f"{len(x)} and {len(w)}")
+    g, transposed = attrs["groups"], attrs["transposed"]
+    c_in = w[0] if transposed else w[1] * g
+    expect(x[1] == c_in, DelegateError, "convolution input channels", c_in, x[1])
+    c_out = w[1] * g if transposed else w[0]
+    dims = []
+    for i in range(spatial):
+        s, p, d, k = attrs["stride"][i], attrs["padding"][i], attrs["dilation"][i], w[2 + i]
+        if transposed:
+            n = (x[2 + i] - 1) * s - 2 * p + d * (k - 1) + attrs["output_padding"][i] + 1
+        else:
+            n = (x[2 + i] + 2 * p - d * (k - 1) - 1) // s + 1
+        expect(n >= 1, DelegateError, "convolution output size", ">= 1", n)
+        dims.append(n)
+    return [(x[0], c_out, *dims)]
+
+
+def _check_conv(node):
+    x = node.args[0].meta["val"]
+    if x.dim() not in (3, 4):
+        return f"input rank: expected 3 or 4 (1-D or 2-D convolution), got {x.dim()}"
+    params = _conv_params(node)
+    for name in ("stride", "padding", "dilation", "output_padding"):
+        if not all(isinstance(v, int) for v in params[name]):
+            return f"{name}: expected ints, got {params[name]}"
+    if not isinstance(params["groups"], int):
+        return f"groups: expected an int, got {params['groups']}"
+    return float_inputs(node)
+
+
+def _lower_conv(ctx, node):
+    params = _conv_params(node)
+    params = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items()}
+    ins = [ctx.tensor(node.args[0]), ctx.tensor(node.args[1]), ctx.optional_tensor(node.args[2])]
+    ctx.emit("convolution", ins, [ctx.output(node)], **params)
+
+
+register_op("convolution", ("aten.convolution.default",), _infer_conv, _lower_conv,
+            check=_check_conv, doc="1-D / 2-D convolution, plain or transposed, grouped")

@@ -56,6 +56,18 @@ def resolve_aten(name: str, overload: str) -> torch._ops.OpOverload:
             f"got no such op") from None
 
 
+def _empty_dim_order_out(size, *, dim_order=None, out):
+    """torch's registration of this op forwards memory_format to aten.empty.out, which
+    rejects it; the planner already laid `out` out in `dim_order`, so only a size can change."""
+    if list(out.shape) != list(size):
+        out.resize_(size)
+    return out
+
+
+# Ops whose torch-side `.out` registration cannot run as emitted; same schema, our body.
+_REPLACEMENTS = {"dim_order_ops::_empty_dim_order.out": _empty_dim_order_out}
+
+
 class Resolved:
     """One program operator, resolved once: a Python prim op or a torch OpOverload."""
 
@@ -124,7 +136,7 @@ def _aten_call(op, label: str, args: list[int], table):
     # A dynamic out is reset to zero elements so the kernel resizes it without torch's
     # "resized a non-empty output" warning; its capacity still bounds the result.
     reset = [i for i in outs if i not in inputs and table.dynamism(i) == DYNAMIC_BOUND]
-    return _closure(op, pos, kw, store, reset)
+    return _closure(_REPLACEMENTS.get(label, op), pos, kw, store, reset)
 
 
 def _closure(op, pos, kw, store, reset):

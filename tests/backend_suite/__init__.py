@@ -1,0 +1,1 @@
+"""ExecuTorch's backend operator test suite, run against etwgpu (see conftest.py)."""
