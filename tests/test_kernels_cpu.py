@@ -139,6 +139,20 @@ UNARY = {
     "pow-2": ({"exponent": 2}, lambda x: x ** 2, "transcendental", torch.randn),
     "pow-0.5": ({"exponent": 0.5}, lambda x: x ** 0.5, "transcendental", _operand),
     "pow--1.5": ({"exponent": -1.5}, lambda x: x ** -1.5, "transcendental", _operand),
+    "abs": ({}, torch.abs, "elementwise", torch.randn),
+    "sqrt": ({}, torch.sqrt, "transcendental", _operand),
+    "log": ({}, torch.log, "transcendental", _operand),
+    "ceil": ({}, torch.ceil, "elementwise", lambda s: torch.randn(s) * 5),
+    "floor": ({}, torch.floor, "elementwise", lambda s: torch.randn(s) * 5),
+    "clamp-both": ({"min": -0.5, "max": 0.75}, lambda x: x.clamp(-0.5, 0.75), "elementwise",
+                   torch.randn),
+    "clamp-min": ({"min": 0.1, "max": None}, lambda x: x.clamp(min=0.1), "elementwise",
+                  torch.randn),
+    "leaky_relu-0.2": ({"negative_slope": 0.2}, lambda x: F.leaky_relu(x, 0.2), "elementwise",
+                       torch.randn),
+    "elu-1.3": ({"alpha": 1.3, "scale": 1.1, "input_scale": 0.9},
+                lambda x: 1.1 * torch.where(x > 0, x, 1.3 * torch.expm1(0.9 * x)),
+                "transcendental", torch.randn),
 }
 
 
@@ -234,6 +248,45 @@ def test_addmm_large_splits_across_threads(threads):
 def test_matmul_infer_rejects_mismatched_shapes(op, shapes):
     with pytest.raises(DelegateError, match="expected"):
         get_op(op).infer(shapes, {"beta": 1.0, "alpha": 1.0})
+
+
+CONV_CASES = [
+    # (x shape, weight shape, stride, padding, dilation, transposed, output_padding, groups)
+    ((2, 3, 29), (5, 3, 3), [1], [1], [1], False, [0], 1),
+    ((1, 6, 31), (6, 2, 5), [2], [2], [1], False, [0], 3),
+    ((2, 3, 11, 13), (7, 3, 3, 3), [1, 2], [1, 0], [1, 1], False, [0, 0], 1),
+    ((1, 4, 13, 11), (4, 1, 3, 5), [2, 1], [1, 2], [2, 1], False, [0, 0], 4),
+    ((2, 5, 7, 5), (5, 3, 3, 3), [2, 2], [1, 1], [1, 1], True, [1, 0], 1),
+    ((1, 3, 17), (3, 7, 4), [3], [1], [1], True, [2], 1),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[f"{len(c[0]) - 2}d-{i}" for i, c in enumerate(CONV_CASES)])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_convolution_matches_float64(case, bias):
+    _check_convolution(case, bias)
+
+
+def test_convolution_batch_splits_across_threads(threads):
+    _check_convolution(((4, 3, 37, 31), (8, 3, 3, 3), [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+                       True)
+
+
+def _check_convolution(case, bias):
+    xs, ws, stride, padding, dilation, transposed, out_pad, groups = case
+    x, w = torch.randn(xs), weight(*ws, k=ws[1] * math.prod(ws[2:]))
+    b = torch.randn(ws[1] * groups if transposed else ws[0]) if bias else None
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, transposed=transposed,
+                 output_padding=out_pad, groups=groups)
+    args = (d(x), d(w), d(b))
+    if transposed:
+        fn = F.conv_transpose1d if len(xs) == 3 else F.conv_transpose2d
+        ref = fn(*args, stride=stride, padding=padding, output_padding=out_pad, groups=groups,
+                 dilation=dilation)
+    else:
+        fn = F.conv1d if len(xs) == 3 else F.conv2d
+        ref = fn(*args, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    check(run1("convolution", [x, w, b], **attrs), ref, "matmul")
 
 
 # ---- normalization ---------------------------------------------------------------------------
