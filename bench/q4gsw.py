@@ -59,7 +59,7 @@ class Gpu:
         import kernels_wgsl
 
         key, pipeline, layout = self.dev.acquire_pipeline(
-            kernels_wgsl.source(spec.shader), spec.entry, spec.constants, spec.kinds())
+            kernels_wgsl.source(spec.shader, spec.prelude), spec.entry, spec.constants, spec.kinds())
         self._keys.append(key)
         uniform = self.device.create_buffer_with_data(
             data=params, usage=self.wgpu.BufferUsage.UNIFORM)
