@@ -5,6 +5,7 @@ import argparse
 import logging
 import sys
 import time
+import warnings
 
 import torch
 
@@ -33,6 +34,8 @@ def main(argv=None) -> int:
     # torchao (imported by executorch) warns about its own enum registration at import time.
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     logging.getLogger("torchao").setLevel(logging.ERROR)
+    # torch.export's pytree deprecation notice, raised inside ExecuTorch's lowering.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
     try:
         return args.fn(args) or 0
     except DelegateError as e:
