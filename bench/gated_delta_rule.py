@@ -14,12 +14,12 @@ The naive loop and the sgemm reference use torch.set_num_threads(n).
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  registers llama ops
 from executorch.extension.pybindings import portable_lib
+from delegate.cli import timed
 from kernels_cpu.gated_delta_rule import gated_delta_rule
 from kernels_cpu.threadpool import set_num_threads
 
@@ -52,13 +52,7 @@ def naive_token_loop(q, k, v, d, beta, s0):
 
 
 def min_ms(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
+    return timed(fn, reps)[1]
 
 
 def sgemm_gflops(reps: int = 10) -> float:

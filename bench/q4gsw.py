@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from delegate.cli import timed
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from anywhere
 
 SHAPES = [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 128256)]
@@ -322,13 +324,7 @@ def cpu_table(args) -> None:
 
 
 def _min_ms(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
+    return timed(fn, reps)[1]
 
 
 def main(argv=None) -> int:

@@ -12,8 +12,7 @@ import operator
 
 import torch
 
-from delegate.errors import InputError
-from delegate.runtime.memory import CAPACITY_MARK
+from delegate.runtime.values import resize_within
 
 
 def _local_scalar_dense(t: torch.Tensor):
@@ -66,14 +65,7 @@ def et_copy_index(copy_to: torch.Tensor, copy_from: torch.Tensor, index: int) ->
     """copy_to[index] = copy_from, growing dim 0 to index + 1 (how the emitter stacks a map)."""
     shape = [int(index) + 1, *copy_from.shape]
     if list(copy_to.shape) != shape:
-        try:
-            copy_to.resize_(shape)
-        except RuntimeError as e:
-            if CAPACITY_MARK not in str(e):
-                raise
-            raise InputError(
-                f"et_copy_index: expected a result within the planned buffer of "
-                f"{copy_to.untyped_storage().nbytes()} bytes, got shape {shape}") from None
+        resize_within(copy_to, shape, "et_copy_index")
     copy_to[int(index)].copy_(copy_from)
 
 
