@@ -29,11 +29,20 @@ class ThreadPool:
 
     def __init__(self, num_threads: int):
         self.num_threads = max(1, int(num_threads))
-        self._executor = (
-            ThreadPoolExecutor(self.num_threads - 1, thread_name_prefix="etwgpu")
-            if self.num_threads > 1
-            else None
-        )
+        self._executor = None
+        if self.num_threads > 1:
+            self._executor = ThreadPoolExecutor(self.num_threads - 1, thread_name_prefix="etwgpu",
+                                                initializer=_one_torch_thread)
+            self._start_workers()
+
+    def _start_workers(self) -> None:
+        """Create every worker now, so each runs _one_torch_thread once, then give the caller
+        back its own torch thread count (set_num_threads also writes a process-wide value)."""
+        before = torch.get_num_threads()
+        barrier = threading.Barrier(self.num_threads - 1)
+        for f in [self._executor.submit(barrier.wait) for _ in range(self.num_threads - 1)]:
+            f.result()
+        torch.set_num_threads(before)
 
     def run(self, tasks: list[Callable[[int], None]]) -> None:
         """Run tasks[i](i) for every i, at most num_threads at once; re-raises the first error.
@@ -63,6 +72,15 @@ class ThreadPool:
     def shutdown(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+
+
+def _one_torch_thread() -> None:
+    """A worker's torch ops run on that worker alone. OpenMP keeps the thread count per
+    thread, so this holds for the worker's life whatever the caller's count is later."""
+    torch.set_num_threads(1)
+    # ATen sets a thread's OpenMP count from the process-wide value on the thread's first
+    # query; make that happen now, while the value is 1, not after the caller restores it.
+    torch.get_num_threads()
 
 
 def _in_pool(task, i):

@@ -57,6 +57,20 @@ def test_single_threaded_torch_holds_intra_op_threads_at_one_and_restores():
     assert torch.get_num_threads() == before
 
 
+def test_pool_workers_run_torch_single_threaded_and_the_caller_keeps_its_count():
+    before = torch.get_num_threads()
+    pool = ThreadPool(3)
+    counts = {}
+
+    def work(w, a, b):
+        counts[w] = torch.get_num_threads()
+
+    pool.parallel_for(3, work)
+    pool.shutdown()
+    assert torch.get_num_threads() == before
+    assert counts[1] == 1 and counts[2] == 1   # worker 0 is the caller itself
+
+
 def test_worker_slices_are_disjoint_and_bounds_checked():
     arena = ScratchArena(1024)
     buf = arena.reserve(1024)
