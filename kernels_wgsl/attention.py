@@ -13,7 +13,7 @@ MAX_HEAD = 256
 
 @register_wgsl("sdpa")
 def sdpa(ins, outs, attrs, info):
-    q, k, v, mask = ins[0], ins[1], ins[2], ins[3] if len(ins) > 3 else None
+    q, v, mask = ins[0], ins[2], ins[3] if len(ins) > 3 else None
     if q[3] > MAX_HEAD or v[3] > MAX_HEAD:
         raise UnsupportedError(f"sdpa head dims on WebGPU: expected at most {MAX_HEAD}, "
                                f"got E={q[3]}, Ev={v[3]}")

@@ -5,7 +5,7 @@ pass covers every broadcast; a scalar operand travels in the params and binds no
 """
 from __future__ import annotations
 
-from kernels_wgsl import (Dispatch, broadcast_strides, contiguous_strides, groups, numel,
+from kernels_wgsl import (Dispatch, broadcast_strides, groups, numel,
                           padded, register_wgsl, words)
 
 WG = 256

@@ -11,7 +11,7 @@ import torch
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops.shape import arg, broadcast, one_input
+from delegate.ops._common import arg, broadcast, one_input
 
 _MASK_DTYPES = (torch.bool, torch.float32)
 

@@ -10,7 +10,7 @@ import torch
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops.shape import arg, broadcast, float_dtypes, float_inputs, one_input
+from delegate.ops._common import arg, broadcast, float_dtypes, float_inputs, one_input
 
 _GELU_APPROX = ("none", "tanh")
 

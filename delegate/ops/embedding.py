@@ -5,7 +5,7 @@ import torch
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops.shape import contiguous_inputs, one_input
+from delegate.ops._common import contiguous_inputs, one_input
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 

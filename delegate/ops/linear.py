@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops.shape import arg, broadcast, float_dtypes, float_inputs, one_input
+from delegate.ops._common import arg, broadcast, float_dtypes, float_inputs, one_input
 
 
 def _rank(shape, want: int, what: str) -> None:

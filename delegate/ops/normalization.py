@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops.shape import arg, float_dtypes, one_input
+from delegate.ops._common import arg, float_dtypes, one_input
 
 
 def _check_normalized(x, normalized, params) -> int:

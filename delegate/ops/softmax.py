@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from delegate.ops import register_op
-from delegate.ops.shape import float_inputs, norm_dim, one_input
+from delegate.ops._common import float_inputs, norm_dim, one_input
 
 
 def _infer_softmax(in_shapes, attrs):

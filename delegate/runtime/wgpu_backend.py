@@ -10,7 +10,7 @@ import logging
 import torch
 
 from delegate import blob
-from delegate.errors import BlobError, DelegateError, DeviceError
+from delegate.errors import BlobError, DeviceError
 from delegate.ir import TensorValue
 from delegate.runtime.backends import InitContext, PyBackend
 
