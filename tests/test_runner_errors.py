@@ -1,7 +1,6 @@
 """Bad programs and bad inputs get a named DelegateError that says what was expected and
 what came; never a raw exception, a crash or a hang."""
 import copy
-import importlib.util
 import random
 
 import pytest
@@ -64,10 +63,10 @@ def demo_pte() -> bytes:
 
 @pytest.fixture
 def registry(monkeypatch):
-    """An isolated backend registry; skips the built-in loader while wgpu_backend is absent."""
+    """An isolated backend registry that loads the built-ins itself; both the dict and the
+    loaded flag are restored afterwards, so later tests never see a flagged-but-empty one."""
     monkeypatch.setattr(backends, "_BACKENDS", {})
-    if importlib.util.find_spec("delegate.runtime.wgpu_backend") is None:
-        monkeypatch.setattr(backends, "_loaded", True)
+    monkeypatch.setattr(backends, "_loaded", False)
     return backends._BACKENDS
 
 
