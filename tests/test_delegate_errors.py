@@ -63,7 +63,7 @@ def test_out_of_range_output_id_raises_blob_error():
     ([torch.randn(5)], "rank: expected 2, got 1"),
     ([torch.randn(5, 4)], r"shape: expected \(s0, 3\)"),
     ([torch.randn(9, 3)], "dim 0: expected at most 8, got 9"),
-    (["not a tensor"], "expected a tensor, got str"),
+    (["not a tensor"], "expected a torch.float32 tensor, got str"),
 ])
 def test_wrong_inputs_raise_input_error(inputs, message):
     ex = _init(_relu_graph())

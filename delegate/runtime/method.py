@@ -20,6 +20,7 @@ from delegate.errors import DelegateError, InputError, ProgramError, Unsupported
 from delegate.runtime.backends import InitContext, get_backend
 from delegate.runtime.memory import CAPACITY_MARK, DYNAMIC_BOUND, STATIC, Arena
 from delegate.runtime.operators import Resolved, build_kernel_call, kernel_writes
+from delegate.runtime.shapes import check_tensor_kind
 from delegate.runtime.values import ValueTable, resize_within
 
 
@@ -255,12 +256,7 @@ def _checked_storer(table, i: int):
 
 def _check_tensor(pos: int, meta, x) -> None:
     what = f"input {pos}"
-    if not isinstance(x, torch.Tensor):
-        raise InputError(f"{what}: expected a {meta.dtype} tensor, got {type(x).__name__}")
-    if x.dtype != meta.dtype:
-        raise InputError(f"{what} dtype: expected {meta.dtype}, got {x.dtype}")
-    if x.dim() != len(meta.sizes):
-        raise InputError(f"{what} rank: expected {len(meta.sizes)}, got {x.dim()}")
+    check_tensor_kind(what, x, meta.dtype, len(meta.sizes))
     shape = list(x.shape)
     if meta.dynamism == STATIC and shape != meta.sizes:
         raise InputError(f"{what} shape: expected {meta.sizes}, got {shape}")

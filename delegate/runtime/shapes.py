@@ -29,13 +29,18 @@ def bind_inputs(graph: Graph, inputs: list) -> dict:
     return env
 
 
-def _check_input(i: int, spec: TensorValue, t, env: dict) -> None:
+def check_tensor_kind(what: str, t, dtype: torch.dtype, rank: int) -> None:
+    """A tensor of this dtype and rank, else InputError; the runner and executors share it."""
     if not isinstance(t, torch.Tensor):
-        raise InputError(f"input {i}: expected a tensor, got {type(t).__name__}")
-    if t.dtype != spec.dtype:
-        raise InputError(f"input {i} dtype: expected {spec.dtype}, got {t.dtype}")
-    if t.dim() != len(spec.dims):
-        raise InputError(f"input {i} rank: expected {len(spec.dims)}, got {t.dim()}")
+        raise InputError(f"{what}: expected a {dtype} tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise InputError(f"{what} dtype: expected {dtype}, got {t.dtype}")
+    if t.dim() != rank:
+        raise InputError(f"{what} rank: expected {rank}, got {t.dim()}")
+
+
+def _check_input(i: int, spec: TensorValue, t, env: dict) -> None:
+    check_tensor_kind(f"input {i}", t, spec.dtype, len(spec.dims))
     want = tuple(symexpr.resolve(d, env) for d in spec.dims)
     got = tuple(t.shape)
     if want != got:
