@@ -29,6 +29,9 @@ class PyBackend:
     """Interface of a runner backend. `init` returns a handle the runner keeps per delegate."""
 
     backend_id: str = ""
+    # True: execute() also takes the runner's planned output tensors and writes into them,
+    # returning them, so an output crosses the boundary without an extra copy.
+    writes_outputs: bool = False
 
     def is_available(self) -> bool:
         return True
@@ -36,8 +39,9 @@ class PyBackend:
     def init(self, processed: bytes, ctx: InitContext) -> Any:
         raise NotImplementedError
 
-    def execute(self, handle: Any, inputs: list) -> list[torch.Tensor]:
-        """inputs: tensors and scalars in delegate-call order; returns the outputs in order."""
+    def execute(self, handle: Any, inputs: list, outputs: list | None = None) -> list[torch.Tensor]:
+        """inputs: tensors and scalars in delegate-call order; returns the outputs in order.
+        outputs (only when writes_outputs): the tensors to write the results into."""
         raise NotImplementedError
 
     def destroy(self, handle: Any) -> None:

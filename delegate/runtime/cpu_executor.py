@@ -1,9 +1,11 @@
 """The CPU executor: runs a decoded IR graph with kernels_cpu on the shared thread pool.
 
 Built once per load: weights as tensors, one value arena planned by liveness at the upper-bound
-shapes, one scratch arena sized for the hungriest kernel, and a flat list of steps. Each
-execute binds symbols from the live inputs, infers shapes node by node through the registry,
-and runs each kernel into views of the arena.
+shapes, one scratch arena sized for the hungriest kernel, and the graph plan. The first execute
+of a binding prepares every kernel call: its input and output views of the arena at the live
+shapes and its resolved attributes. An execute then only drops the caller's inputs and output
+tensors into those prepared argument lists and calls the kernels: no shape inference, no
+allocation but the outputs handed back.
 """
 from __future__ import annotations
 
@@ -12,23 +14,21 @@ from dataclasses import dataclass
 import torch
 
 import kernels_cpu
-from delegate import ops as registry
 from delegate import symexpr
 from delegate.errors import DelegateError, InputError
 from delegate.ir import Graph, TensorValue
-from delegate.runtime import planner, shapes
+from delegate.runtime import planner
+from delegate.runtime.graph_plan import Binding, GraphPlan, nbytes
+from delegate.runtime.values import resize_within
 from kernels_cpu.threadpool import ScratchArena, get_pool, single_threaded_torch
 
 
 @dataclass
-class Step:
-    op: str
-    infer: object
-    kernel: object
-    inputs: list
-    outputs: list
-    attrs: dict
-    symbolic: bool     # attrs hold symbolic sizes to resolve per execute
+class Replay:
+    """One binding's prepared kernel calls."""
+    calls: list           # [(kernel fn, ins list, outs list, attrs)] per step
+    inputs: list          # [(graph input position, [(arg list, index), ...])]
+    outputs: list         # [(shape, dtype, (source kind, what))] per graph output
 
 
 class CpuExecutor:
@@ -40,103 +40,168 @@ class CpuExecutor:
             vid: weights[v.constant_key] for vid, v in enumerate(graph.values)
             if isinstance(v, TensorValue) and v.constant_key
         }
-        self._steps = [self._step(n) for n in graph.nodes]
+        self._kernels = [kernels_cpu.get_kernel(n.op) for n in graph.nodes]
+        self.plan = GraphPlan(graph, self._replay)
         self._plan_arena()
         self._scratch = ScratchArena(self._scratch_bytes())
-
-    def _step(self, node) -> Step:
-        op = registry.get_op(node.op)
-        kernel = kernels_cpu.get_kernel(node.op)
-        return Step(node.op, op.infer, kernel, node.inputs, node.outputs, node.attrs,
-                    shapes.has_symbols(node.attrs))
+        self._scratch_view = self._scratch.reserve(self._scratch.nbytes)
 
     def _plan_arena(self) -> None:
         lives = planner.lifetimes(self.graph)
-        sizes = {vid: _nbytes(self.graph.values[vid], self.graph.values[vid].max_shape) for vid in lives}
+        values = self.graph.values
+        sizes = {vid: nbytes(values[vid].dtype, values[vid].max_shape) for vid in lives}
         self._offsets, total = planner.plan_offsets(sizes, lives)
         self._capacity = sizes
         self._arena = torch.empty(total, dtype=torch.uint8)
 
     def _scratch_bytes(self) -> int:
-        env = self._max_env()
+        env = self.plan.max_env()
         workers = get_pool().num_threads
-        shapes_now = {vid: self.graph.values[vid].max_shape for vid in self._offsets}
-        shapes_now.update({vid: tuple(w.shape) for vid, w in self._weights.items()})
+        max_shapes = {vid: v.max_shape for vid, v in enumerate(self.graph.values)
+                      if isinstance(v, TensorValue)}
         need = 0
-        for st in self._steps:
-            attrs = symexpr.resolve(st.attrs, env) if st.symbolic else st.attrs
-            in_shapes = [None if v == -1 else shapes_now[v] for v in st.inputs]
-            if st.kernel.scratch_nbytes is not None:
-                need = max(need, int(st.kernel.scratch_nbytes(in_shapes, attrs, workers)))
+        for st, kernel in zip(self.plan.steps, self._kernels):
+            if kernel.scratch_nbytes is not None:
+                attrs = symexpr.resolve(st.attrs, env) if st.symbols else st.attrs
+                in_shapes = [None if v == -1 else max_shapes[v] for v in st.inputs]
+                need = max(need, int(kernel.scratch_nbytes(in_shapes, attrs, workers)))
         return need
 
-    def _max_env(self) -> dict:
-        """Every symbol at its upper bound, read off the dims it binds to."""
-        env = {}
-        for s in self.graph.symbols:
-            spec = self.graph.values[self.graph.inputs[s.input]]
-            if isinstance(spec, TensorValue):
-                env[s.name] = spec.max_shape[s.dim]
-        for vid in self.graph.inputs:  # symbols bound only by scalar inputs
-            spec = self.graph.values[vid]
-            if isinstance(spec, TensorValue):
-                for d, m in zip(spec.dims, spec.max_shape):
-                    if isinstance(d, str) and d.isidentifier():
-                        env.setdefault(d, m)
-        return env
-
-    # ---- execute -----------------------------------------------------------------------------
-    def execute(self, inputs: list) -> list:
-        env = shapes.bind_inputs(self.graph, inputs)
-        vals = dict(self._weights)
-        for vid, t in zip(self.graph.inputs, inputs):
-            vals[vid] = self._view(vid, tuple(t.shape)).copy_(t) if vid in self._offsets else t
-        scratch = self._scratch.reserve(self._scratch.nbytes)
-        with single_threaded_torch():
-            for st in self._steps:
-                self._run(st, vals, env, scratch)
-        return [vals[v].clone() for v in self.graph.outputs]
-
-    def _run(self, st: Step, vals: dict, env: dict, scratch) -> None:
-        attrs = symexpr.resolve(st.attrs, env) if st.symbolic else st.attrs
-        ins = [None if v == -1 else vals[v] for v in st.inputs]
-        out_shapes = st.infer([None if t is None else tuple(t.shape) for t in ins], attrs)
-        outs = []
-        for vid, shape in zip(st.outputs, out_shapes):
-            expect = shapes.live_shape(self.graph.values[vid], env)
-            if tuple(shape) != expect:
-                raise DelegateError(
-                    f"{st.op} output shape: expected {expect} (from export), got {tuple(shape)}"
-                )
-            vals[vid] = self._view(vid, expect)
-            outs.append(vals[vid])
-        st.kernel.fn(ins, outs, attrs, scratch)
+    # ---- per binding ---------------------------------------------------------------------------
+    def _replay(self, b: Binding) -> Replay:
+        graph = self.graph
+        views = {vid: self._view(vid, b.live[vid]) for vid in self._offsets}
+        views.update(self._weights)
+        patches: dict = {}     # graph input / output value id -> [(arg list, index)]
+        external = set(graph.inputs) | set(graph.outputs)
+        calls = []
+        for st, kernel, attrs in zip(self.plan.steps, self._kernels, b.attrs):
+            ins = [None if v == -1 else views.get(v) for v in st.inputs]
+            outs = [views[v] for v in st.outputs]
+            for lst, ids in ((ins, st.inputs), (outs, st.outputs)):
+                for k, v in enumerate(ids):
+                    if v in external and v not in self._weights:
+                        patches.setdefault(v, []).append((lst, k))
+            calls.append((kernel.fn, ins, outs, attrs))
+        inputs = [(pos, patches.pop(vid, [])) for pos, vid in enumerate(graph.inputs)
+                  if isinstance(graph.values[vid], TensorValue)]
+        outputs, first = [], {}
+        for j, vid in enumerate(graph.outputs):
+            if vid in first:
+                source = ("output", first[vid])
+            elif vid in graph.inputs:
+                source = ("input", graph.inputs.index(vid))
+            elif vid in self._weights:
+                source = ("weight", self._weights[vid])
+            else:
+                source = ("sites", patches.get(vid, []))
+            first.setdefault(vid, j)
+            outputs.append((b.live[vid], graph.values[vid].dtype, source))
+        return Replay(calls, inputs, outputs)
 
     def _view(self, vid: int, shape: tuple) -> torch.Tensor:
         spec = self.graph.values[vid]
-        nbytes = _nbytes(spec, shape)
-        if nbytes > self._capacity[vid]:
+        size = nbytes(spec.dtype, shape)
+        if size > self._capacity[vid]:
             raise InputError(
                 f"value {vid} shape {shape}: expected at most {self._capacity[vid]} bytes "
-                f"(upper bound {spec.max_shape}), got {nbytes}"
+                f"(upper bound {spec.max_shape}), got {size}"
             )
         off = self._offsets[vid]
-        return self._arena[off: off + nbytes].view(spec.dtype).view(shape)
+        return self._arena[off: off + size].view(spec.dtype).view(shape)
+
+    # ---- execute -------------------------------------------------------------------------------
+    def execute(self, inputs: list, outputs: list | None = None) -> list:
+        """Run the graph. `outputs`, when given, are the caller's tensors for the graph outputs
+        (the runner's planned values): kernels write straight into them and they are returned.
+        Otherwise fresh tensors are returned. Either way a later execute never writes them."""
+        b = self.plan.binding_for(inputs)
+        r = b.payload
+        self._bind_inputs(r, inputs)
+        bound = self._bind_outputs(r, outputs)
+        attrs_now = self._dynamic_attrs(b, inputs) if self.plan.dynamic_steps else None
+        with single_threaded_torch():
+            self._run(r.calls, attrs_now)
+        return self._finish(r, bound, inputs)
+
+    def _bind_inputs(self, r: Replay, inputs: list) -> None:
+        for pos, sites in r.inputs:
+            t = inputs[pos]
+            if not t.is_contiguous():
+                t = t.contiguous()
+            for lst, k in sites:
+                lst[k] = t
+
+    @staticmethod
+    def _bind_outputs(r: Replay, outputs) -> list:
+        """Per graph output: (tensor handed back, tensor the kernels write), patched in."""
+        bound = []
+        for j, (shape, dtype, source) in enumerate(r.outputs):
+            out = None
+            if outputs is not None:
+                out = outputs[j]
+                if not isinstance(out, torch.Tensor) or out.dtype != dtype:
+                    raise InputError(f"output {j}: expected a {dtype} tensor to write, got "
+                                     f"{getattr(out, 'dtype', type(out).__name__)}")
+                if out.shape != shape:
+                    resize_within(out, shape, j)
+            written = out if out is not None and out.is_contiguous() else None
+            if source[0] == "sites":
+                if written is None:   # kernels write dense memory: a strided output copies
+                    written = torch.empty(shape, dtype=dtype)
+                for lst, k in source[1]:
+                    lst[k] = written
+            bound.append((written if out is None else out, written))
+        return bound
+
+    @staticmethod
+    def _finish(r: Replay, bound: list, inputs: list) -> list:
+        """Fill what no kernel wrote in place; return the output tensors."""
+        results = []
+        for (shape, dtype, source), (out, written) in zip(r.outputs, bound):
+            kind, src = source
+            if kind == "input":
+                src = inputs[src]
+            elif kind == "output":
+                src = results[src]
+            elif kind == "sites":
+                src = written
+            if out is None:
+                out = src.clone()
+            elif out is not src:
+                out.copy_(src)
+            results.append(out)
+        return results
+
+    def _run(self, calls: list, attrs_now) -> None:
+        scratch = self._scratch_view
+        i = 0
+        try:
+            if attrs_now is None:
+                for i, (fn, ins, outs, attrs) in enumerate(calls):
+                    fn(ins, outs, attrs, scratch)
+            else:
+                for i, (fn, ins, outs, attrs) in enumerate(calls):
+                    fn(ins, outs, attrs_now.get(i, attrs), scratch)
+        except DelegateError as e:
+            raise type(e)(f"{self.plan.steps[i].where()}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a kernel's raw error gets its node
+            raise DelegateError(f"{self.plan.steps[i].where()}: expected the kernel to run, got "
+                                f"{type(e).__name__}: {e}") from e
+
+    def _dynamic_attrs(self, b: Binding, inputs: list) -> dict:
+        env = dict(b.env)
+        env.update(self.plan.offset_env(inputs))
+        return {i: symexpr.resolve(self.plan.steps[i].attrs, env) for i in self.plan.dynamic_steps}
 
     def describe(self) -> dict:
         return {"device": "cpu", "threads": get_pool().num_threads,
                 "ops": [n.op for n in self.graph.nodes], "arena_bytes": self._arena.numel(),
-                "scratch_bytes": self._scratch.nbytes}
+                "scratch_bytes": self._scratch.nbytes, "plans": vars(self.plan.stats)}
 
     def destroy(self) -> None:
         self._arena = torch.empty(0, dtype=torch.uint8)
         self._weights = {}
         self._scratch.release()
-        self._steps = []
-
-
-def _nbytes(spec: TensorValue, shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n * torch.empty((), dtype=spec.dtype).element_size()
+        self._scratch_view = None
+        self.plan = None

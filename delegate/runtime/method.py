@@ -14,6 +14,8 @@ must return exactly that many outputs, which execute() checks.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from delegate.errors import DelegateError, InputError, ProgramError, UnsupportedError
@@ -30,6 +32,7 @@ class Method:
         self._program = program
         self._delegates: list[tuple] = []  # (backend, handle) in plan.delegates order
         self._alive = True
+        self._lock = threading.RLock()
         if len(plan.chains) > 1:  # ExecuTorch itself only ever emits one chain
             raise UnsupportedError(f"method {self.name!r} chains: expected 1, "
                                    f"got {len(plan.chains)}")
@@ -131,9 +134,20 @@ class Method:
         getters = [self._table.getter(i) for i in ins]
         storers = [_checked_storer(self._table, i) for i in outs]
         label = f"delegate {index} ({type(backend).__name__})"
+        execute = backend.execute
+
+        if backend.writes_outputs:   # the backend fills the planned output tensors itself
+            def run(vals):
+                results = execute(handle, [g(vals) for g in getters], [vals[i] for i in outs])
+                if len(results) != len(storers):
+                    raise ProgramError(f"{label} outputs: expected {len(storers)}, "
+                                       f"got {len(results)}")
+                for store, r in zip(storers, results):
+                    store(vals, r)
+            return run
 
         def run(vals):
-            results = backend.execute(handle, [g(vals) for g in getters])
+            results = execute(handle, [g(vals) for g in getters])
             if len(results) != len(storers):
                 raise ProgramError(f"{label} outputs: expected {len(storers)}, "
                                    f"got {len(results)}")
@@ -143,13 +157,16 @@ class Method:
 
     # -- run ----------------------------------------------------------------------------------
     def execute(self, inputs) -> list:
-        if not self._alive:
-            raise ProgramError(f"method {self.name!r}: expected a loaded method, "
-                               f"got a destroyed one")
-        with torch.no_grad():
-            self._set_inputs(inputs)
-            self._loop(self._table.vals)
-            return [self._output(i) for i in self._outputs]
+        """Run the method. Executes of one Method are serialised (its values and delegates
+        are one mutable state); separate Methods run in parallel."""
+        with self._lock:
+            if not self._alive:
+                raise ProgramError(f"method {self.name!r}: expected a loaded method, "
+                                   f"got a destroyed one")
+            with torch.no_grad():
+                self._set_inputs(inputs)
+                self._loop(self._table.vals)
+                return [self._output(i) for i in self._outputs]
 
     def _loop(self, vals) -> None:
         run, n, pc = self._run, len(self._run), 0
@@ -190,6 +207,10 @@ class Method:
 
     def destroy(self) -> None:
         """Release every delegate this method initialised; safe to call twice."""
+        with self._lock:
+            self._destroy()
+
+    def _destroy(self) -> None:
         self._alive = False
         self._run, self._table = [], None  # drop the arenas now, not at garbage collection
         delegates, self._delegates = self._delegates, []

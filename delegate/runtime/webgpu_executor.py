@@ -3,30 +3,38 @@
 Built once per load (the wgpu-py compute path, once): weights uploaded to their own buffers,
 every activation assigned a storage buffer sized for its upper-bound shape and reused by
 liveness, pipelines taken from the device's cache, one params uniform and one bind group per
-dispatch, and a flat list of dispatches in node order. Each execute infers live shapes through
-the op registry (as the CPU executor does), writes the inputs and any params that changed,
-encodes every dispatch in one command encoder, submits once and maps the outputs back.
+dispatch (slices of one params buffer), and a flat list of dispatches in node order. The first
+execute of each shape binding builds that binding's replay through the graph plan: the params
+block of every dispatch, the grids, and where each live output lands in the readback buffer.
+An execute then writes the inputs, uploads the params block only when the binding changed (one
+write), encodes the prepared dispatches in one command encoder, submits once, and maps and
+copies only the live output bytes, straight into the caller's output tensors.
 
 Everything on the GPU holds 4-byte elements: float32 as is, int32/int64 indices as i32 and bools
 as u32 0/1, converted on the host when uploaded and when read back.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import kernels_wgsl
-from delegate import ops as registry
 from delegate import symexpr
 from delegate.errors import DelegateError, DeviceError, InputError, UnsupportedError
 from delegate.ir import Graph, TensorValue
-from delegate.runtime import planner, shapes
+from delegate.runtime import planner
+from delegate.runtime.graph_plan import GraphPlan
+from delegate.runtime.values import resize_within
 from kernels_wgsl.device import get_device
 
 # torch dtype -> (dtype held on the GPU, dtype handed back)
 _GPU_DTYPES = {torch.float32: torch.float32, torch.int32: torch.int32,
                torch.int64: torch.int32, torch.bool: torch.int32}
+_SAME_ON_GPU = (torch.float32, torch.int32)   # uploaded as they are
+_NP_DTYPES = {torch.float32: np.float32, torch.int32: np.int32, torch.int64: np.int32,
+              torch.bool: np.int32}
 ELEMENT_BYTES = 4
 MIN_BUFFER = 16
 
@@ -37,21 +45,20 @@ class BoundDispatch:
     spec: kernels_wgsl.Dispatch
     pipeline: object
     bind_group: object
-    uniform: object
+    params_offset: int    # where its params live in the load's params buffer
+    params_size: int
     reads: tuple          # buffer slot ids read (for the ordering and aliasing checks)
     writes: tuple         # buffer slot ids written
-    params: bytes = b""   # last bytes written to the uniform
 
 
 @dataclass
-class Step:
-    op: str
-    infer: object
-    inputs: list
-    outputs: list
-    attrs: dict
-    symbolic: bool
-    dispatches: list = field(default_factory=list)
+class Replay:
+    """One binding's prepared dispatches."""
+    dispatches: list      # [(BoundDispatch, grid)] in submission order
+    params: bytes         # the whole params block of this binding
+    reads: list           # [(output index, source buffer, readback offset, nbytes)]
+    readback_bytes: int
+    dynamic: list         # [(step index, BoundDispatch)] whose params follow offset symbols
 
 
 @dataclass
@@ -72,8 +79,10 @@ class WebGpuExecutor:
         self._gpu = get_device(adapter)
         self._buffers: list = []      # every GPUBuffer this load created; destroyed in destroy()
         self._pipeline_keys: list = []
-        self._steps: list = []
+        self._steps: list = []        # per IR node: its BoundDispatches
+        self._params_now = None       # the params block last uploaded
         try:
+            self.plan = GraphPlan(graph, self._replay)
             self._build(weights)
         except BaseException:
             self.destroy()
@@ -88,10 +97,40 @@ class WebGpuExecutor:
         self._upload_weights(weights)
         self._plan_slots()
         self._dummy, self._dummy_rw = self._new_buffer(MIN_BUFFER), self._new_buffer(MIN_BUFFER)
-        env = _max_env(self.graph)
-        for node, kernel in zip(nodes, kernels):
-            self._steps.append(self._build_step(node, kernel, env))
-        self._readback, self._out_offsets = self._readback_buffer()
+        env = self.plan.max_env()
+        specs = [self._specs(node, kernel, env) for node, kernel in zip(nodes, kernels)]
+        self._params_buffer = self._params_layout(specs)
+        offset = 0
+        for node, step_specs in zip(nodes, specs):
+            bound = []
+            for spec, size in step_specs:
+                bound.append(self._bind(node, spec, offset, size))
+                offset += self._params_stride(size)
+            self._steps.append(bound)
+        self._readback = self._readback_buffer()
+
+    def _specs(self, node, kernel, env: dict) -> list:
+        """[(Dispatch, params bytes at the upper-bound shapes)] of one node."""
+        if kernel.alias:
+            return []
+        attrs = symexpr.resolve(node.attrs, env)
+        ins = [None if v == -1 else self.graph.values[v].max_shape for v in node.inputs]
+        outs = [self.graph.values[v].max_shape for v in node.outputs]
+        dtypes = tuple(None if v == -1 else self.graph.values[v].dtype for v in node.inputs)
+        specs = kernel.build(ins, outs, attrs, kernels_wgsl.BuildInfo(self._gpu, dtypes))
+        return [(spec, len(spec.sizes(ins, outs, attrs)[0])) for spec in specs]
+
+    def _params_stride(self, size: int) -> int:
+        align = self._gpu.limits.get("min-uniform-buffer-offset-alignment", 256)
+        return -(-max(size, 16) // align) * align
+
+    def _params_layout(self, specs: list):
+        """One uniform buffer holding every dispatch's params, each at an aligned offset."""
+        import wgpu
+
+        total = sum(self._params_stride(size) for step in specs for _, size in step)
+        return self._new_buffer(max(total, MIN_BUFFER),
+                                usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
 
     def _new_buffer(self, nbytes: int, usage=None, data=None):
         import wgpu
@@ -160,66 +199,103 @@ class WebGpuExecutor:
             return None
         return self._loc[vid][1]
 
-    def _build_step(self, node, kernel, env: dict) -> Step:
-        op = registry.get_op(node.op)
-        step = Step(node.op, op.infer, node.inputs, node.outputs, node.attrs,
-                    shapes.has_symbols(node.attrs))
-        if kernel.alias:
-            return step
-        attrs = symexpr.resolve(node.attrs, env) if step.symbolic else node.attrs
-        ins = [None if v == -1 else self.graph.values[v].max_shape for v in node.inputs]
-        outs = [self.graph.values[v].max_shape for v in node.outputs]
-        operands = list(node.inputs) + list(node.outputs)
-        dtypes = tuple(None if v == -1 else self.graph.values[v].dtype for v in node.inputs)
-        for spec in kernel.build(ins, outs, attrs, kernels_wgsl.BuildInfo(self._gpu, dtypes)):
-            step.dispatches.append(self._bind(node.op, spec, operands, ins, outs, attrs))
-        return step
-
-    def _bind(self, op, spec, operands, ins, outs, attrs) -> BoundDispatch:
-        import wgpu
-
+    def _bind(self, node, spec, offset: int, size: int) -> BoundDispatch:
         key, pipeline, layout = self._gpu.acquire_pipeline(
             kernels_wgsl.source(spec.shader, spec.prelude), spec.entry, spec.constants, spec.kinds())
         self._pipeline_keys.append(key)
-        params, _ = spec.sizes(ins, outs, attrs)
-        uniform = self._new_buffer(
-            len(params), usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        operands = list(node.inputs) + list(node.outputs)
         ids = [-1 if a is None else operands[a] for a in spec.args]   # None: an unused binding
         # unused bindings get a dummy; a written one its own, as read and write usages conflict
-        buffers = [uniform] + [self._dummy_rw if a is None and a in spec.writes
-                               else self._buffer_of(v) for a, v in zip(spec.args, ids)]
-        entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                   for i, b in enumerate(buffers)]
+        buffers = [self._dummy_rw if a is None and a in spec.writes else self._buffer_of(v)
+                   for a, v in zip(spec.args, ids)]
+        entries = [{"binding": 0, "resource": {"buffer": self._params_buffer, "offset": offset,
+                                               "size": max(size, 16)}}]
+        entries += [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                    for i, b in enumerate(buffers, start=1)]
         bind_group = self._gpu.device.create_bind_group(layout=layout, entries=entries)
         slots = [(a, self._slot_of(v)) for a, v in zip(spec.args, ids)]
         reads = tuple(s for a, s in slots if s is not None and a not in spec.writes)
         writes = tuple(s for a, s in slots if s is not None and a in spec.writes)
-        return BoundDispatch(op, spec, pipeline, bind_group, uniform, reads, writes)
+        return BoundDispatch(node.op, spec, pipeline, bind_group, offset, size, reads, writes)
 
     def _readback_buffer(self):
         import wgpu
 
-        offsets, total = [], 0
-        for vid in self.graph.outputs:
-            offsets.append(total)
-            total += _capacity(self.graph.values[vid])
+        total = sum(_capacity(self.graph.values[vid]) for vid in self.graph.outputs)
         usage = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
-        return self._new_buffer(total, usage=usage), offsets
+        return self._new_buffer(total, usage=usage)
+
+    # ---- per binding -----------------------------------------------------------------------
+    def _replay(self, b) -> Replay:
+        block = bytearray(self._params_buffer.size)
+        plan, dynamic = [], []
+        for st, attrs, bound in zip(self.plan.steps, b.attrs, self._steps):
+            ins = [None if v == -1 else b.live[v] for v in st.inputs]
+            outs = [b.live[v] for v in st.outputs]
+            for d in bound:
+                grid = self._write_params(d, block, ins, outs, attrs, st)
+                if grid is not None:
+                    plan.append((d, grid))
+                if st.index in self.plan.dynamic_steps:
+                    dynamic.append((st.index, d))
+        reads, offset = [], 0
+        for j, vid in enumerate(self.graph.outputs):
+            size = kernels_wgsl.numel(b.live[vid]) * ELEMENT_BYTES
+            reads.append((j, self._buffer_of(vid), offset, size))
+            offset += size
+        return Replay(plan, bytes(block), reads, offset, dynamic)
+
+    def _write_params(self, d: BoundDispatch, block, ins, outs, attrs, st):
+        """Pack one dispatch's params into the block; its grid, or None when it is skipped."""
+        params, count = d.spec.sizes(ins, outs, attrs)
+        if len(params) > d.params_size:
+            raise DelegateError(f"{st.where()} {d.spec.entry} params: expected at most "
+                                f"{d.params_size} bytes (upper-bound shapes), got {len(params)}")
+        block[d.params_offset: d.params_offset + len(params)] = params
+        return self._fold(count) if count else None
 
     # ---- execute ---------------------------------------------------------------------------
-    def execute(self, inputs: list) -> list:
-        plan, live = self._prepare(inputs)
+    def execute(self, inputs: list, outputs: list | None = None) -> list:
+        """Run the graph; `outputs` as for CpuExecutor.execute."""
+        b = self.plan.binding_for(inputs)
+        self._upload(b, inputs)
         encoder = self._gpu.device.create_command_encoder()
-        self._encode(encoder.begin_compute_pass(), plan)
-        return self._finish(encoder, live)
+        self._encode(encoder.begin_compute_pass(), b.payload.dispatches)
+        return self._finish(encoder, b, outputs)
+
+    def _upload(self, b, inputs: list) -> None:
+        """The inputs, and the params block when another binding (or an offset) changed it."""
+        queue = self._gpu.queue
+        for vid, t in zip(self.graph.inputs, inputs):
+            if isinstance(t, torch.Tensor) and t.numel():
+                host = t if t.dtype in _SAME_ON_GPU else _to_gpu_dtype(t, f"input value {vid}")
+                queue.write_buffer(self._buffer_of(vid), 0, host.contiguous().numpy())
+        r = b.payload
+        block = r.params if not r.dynamic else self._dynamic_params(b, inputs)
+        if block != self._params_now:
+            queue.write_buffer(self._params_buffer, 0, block)
+            self._params_now = block
+
+    def _dynamic_params(self, b, inputs: list) -> bytes:
+        env = dict(b.env)
+        env.update(self.plan.offset_env(inputs))
+        block = bytearray(b.payload.params)
+        for i, d in b.payload.dynamic:
+            st = self.plan.steps[i]
+            attrs = symexpr.resolve(st.attrs, env)
+            ins = [None if v == -1 else b.live[v] for v in st.inputs]
+            self._write_params(d, block, ins, [b.live[v] for v in st.outputs], attrs, st)
+        return bytes(block)
 
     def execute_profiled(self, inputs: list) -> tuple:
         """(outputs, [("entry [op]", seconds)], clock): each dispatch in its own compute pass,
         timed by GPU timestamp queries ("gpu") or, without them, by waiting on each ("wall")."""
-        plan, live = self._prepare(inputs)
-        labels = [f"{b.spec.entry} [{b.op}]" for b, _ in plan]
+        b = self.plan.binding_for(inputs)
+        self._upload(b, inputs)
+        plan = b.payload.dispatches
+        labels = [f"{d.spec.entry} [{d.op}]" for d, _ in plan]
         if not self._gpu.has_timestamps:
-            return self._wall_profiled(plan, live, labels)
+            return self._wall_profiled(b, labels)
         import wgpu
 
         device = self._gpu.device
@@ -228,13 +304,13 @@ class WebGpuExecutor:
                                       usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
         try:
             encoder = device.create_command_encoder()
-            for i, (bound, grid) in enumerate(plan):
+            for i, item in enumerate(plan):
                 writes = {"query_set": queries, "beginning_of_pass_write_index": 2 * i,
                           "end_of_pass_write_index": 2 * i + 1}
-                self._encode(encoder.begin_compute_pass(timestamp_writes=writes), [(bound, grid)])
+                self._encode(encoder.begin_compute_pass(timestamp_writes=writes), [item])
             if plan:
                 encoder.resolve_query_set(queries, 0, 2 * len(plan), stamps, 0)
-            outs = self._finish(encoder, live)
+            outs = self._finish(encoder, b, None)
             ticks = torch.frombuffer(bytearray(self._gpu.queue.read_buffer(stamps)), dtype=torch.int64)
         finally:
             queries.destroy()
@@ -243,65 +319,26 @@ class WebGpuExecutor:
         times = [(lab, float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9) for i, lab in enumerate(labels)]
         return outs, times, "gpu"
 
-    def _wall_profiled(self, plan, live, labels) -> tuple:
+    def _wall_profiled(self, b, labels) -> tuple:
         import time
 
         times = []
-        for (bound, grid), label in zip(plan, labels):
+        for item, label in zip(b.payload.dispatches, labels):
             encoder = self._gpu.device.create_command_encoder()
-            self._encode(encoder.begin_compute_pass(), [(bound, grid)])
+            self._encode(encoder.begin_compute_pass(), [item])
             t0 = time.perf_counter()
             self._gpu.queue.submit([encoder.finish()])
             self._gpu.queue.read_buffer(self._dummy)   # waits for the submission to finish
             times.append((label, time.perf_counter() - t0))
-        return self._finish(self._gpu.device.create_command_encoder(), live), times, "wall"
+        return self._finish(self._gpu.device.create_command_encoder(), b, None), times, "wall"
 
     @staticmethod
     def _encode(compute, plan) -> None:
-        for bound, grid in plan:
-            compute.set_pipeline(bound.pipeline)
-            compute.set_bind_group(0, bound.bind_group)
-            compute.dispatch_workgroups(*grid)
+        for d, (x, y) in plan:
+            compute.set_pipeline(d.pipeline)
+            compute.set_bind_group(0, d.bind_group)
+            compute.dispatch_workgroups(x, y)
         compute.end()
-
-    def _prepare(self, inputs: list):
-        """Bind and upload the inputs, infer live shapes, write changed params.
-
-        Returns ([(dispatch, grid)], {value id: live shape})."""
-        env = shapes.bind_inputs(self.graph, inputs)
-        live = {vid: self.graph.values[vid].max_shape for vid, loc in self._loc.items()
-                if loc and loc[0] == "weight"}
-        queue = self._gpu.queue
-        for vid, t in zip(self.graph.inputs, inputs):
-            if isinstance(self.graph.values[vid], TensorValue):
-                live[vid] = tuple(t.shape)
-                host = _to_gpu_dtype(t, f"input value {vid}").contiguous()
-                if host.numel():
-                    queue.write_buffer(self._buffer_of(vid), 0, host.reshape(-1).view(torch.uint8).numpy())
-        plan = []
-        for st in self._steps:
-            plan.extend(self._plan_step(st, env, live))
-        return plan, live
-
-    def _plan_step(self, st: Step, env: dict, live: dict) -> list:
-        attrs = symexpr.resolve(st.attrs, env) if st.symbolic else st.attrs
-        ins = [None if v == -1 else live[v] for v in st.inputs]
-        outs = [tuple(s) for s in st.infer(ins, attrs)]
-        for vid, shape in zip(st.outputs, outs):
-            want = shapes.live_shape(self.graph.values[vid], env)
-            if shape != want:
-                raise DelegateError(f"{st.op} output shape: expected {want} (from export), got {shape}")
-            live[vid] = shape
-        plan = []
-        for bound in st.dispatches:
-            params, count = bound.spec.sizes(ins, outs, attrs)
-            if count == 0:
-                continue
-            if params != bound.params:
-                self._gpu.queue.write_buffer(bound.uniform, 0, params)
-                bound.params = params
-            plan.append((bound, self._fold(count)))
-        return plan
 
     def _fold(self, count: int) -> tuple:
         """Workgroup count -> (x, y) within the per-dimension limit; kernels use wg_linear()."""
@@ -311,34 +348,43 @@ class WebGpuExecutor:
         y = -(-count // most)
         return (-(-count // y), y)
 
-    def _finish(self, encoder, live: dict) -> list:
-        import wgpu
-
-        sizes = []
-        for vid, off in zip(self.graph.outputs, self._out_offsets):
-            nbytes = kernels_wgsl.numel(live[vid]) * ELEMENT_BYTES
-            if nbytes:
-                encoder.copy_buffer_to_buffer(self._buffer_of(vid), 0, self._readback, off, nbytes)
-            sizes.append(nbytes)
+    def _finish(self, encoder, b, outputs) -> list:
+        """Copy the live output bytes to the readback buffer, submit, and read them straight
+        into the output tensors (the caller's when given)."""
+        r = b.payload
+        for _, src, off, size in r.reads:
+            if size:
+                encoder.copy_buffer_to_buffer(src, 0, self._readback, off, size)
         self._gpu.queue.submit([encoder.finish()])
-        self._readback.map_sync(wgpu.MapMode.READ)
+        results = []
+        for j, vid in enumerate(self.graph.outputs):
+            dtype = self.graph.values[vid].dtype
+            out = outputs[j] if outputs is not None else torch.empty(b.live[vid], dtype=dtype)
+            if out.shape != b.live[vid]:
+                resize_within(out, b.live[vid], vid)
+            results.append(out)
+        if not r.readback_bytes:
+            return results
+        # READ_NOSYNC: wgpu-py's first-map workaround submits an empty command buffer so a
+        # never-written buffer reads back; ours was just written by the submit above.
+        self._readback.map_sync("READ_NOSYNC", 0, _align4(r.readback_bytes))
         try:
-            raw = bytearray(self._readback.read_mapped())
+            raw = self._readback.read_mapped(0, _align4(r.readback_bytes), copy=False)
+            for (j, _, off, size), out in zip(r.reads, results):
+                if size:   # numpy copies (and widens int32 -> int64) from the mapped bytes
+                    gpu = np.frombuffer(raw, dtype=_NP_DTYPES[out.dtype],
+                                        count=size // ELEMENT_BYTES, offset=off)
+                    np.copyto(out.numpy(), (gpu != 0 if out.dtype == torch.bool else gpu)
+                              .reshape(out.shape), casting="unsafe")
         finally:
             self._readback.unmap()
-        outs = []
-        for vid, off, nbytes in zip(self.graph.outputs, self._out_offsets, sizes):
-            spec = self.graph.values[vid]
-            t = torch.frombuffer(raw, dtype=_GPU_DTYPES[spec.dtype], count=nbytes // ELEMENT_BYTES,
-                                 offset=off) if nbytes else torch.empty(0, dtype=_GPU_DTYPES[spec.dtype])
-            outs.append(_from_gpu_dtype(t.clone().view(live[vid]), spec.dtype))
-        return outs
+        return results
 
     # ---- introspection and teardown ----------------------------------------------------------
     def dispatch_list(self) -> list:
         """[(op, kernel label, slots read, slots written, node output ids)] in submission order."""
-        return [(st.op, b.spec.label or b.spec.entry, b.reads, b.writes, tuple(st.outputs))
-                for st in self._steps for b in st.dispatches]
+        return [(st.op, d.spec.label or d.spec.entry, d.reads, d.writes, tuple(st.outputs))
+                for st, bound in zip(self.plan.steps, self._steps) for d in bound]
 
     def output_slots(self) -> list:
         """(value id whose bytes each graph output is, its buffer slot) per graph output."""
@@ -347,11 +393,12 @@ class WebGpuExecutor:
     def describe(self) -> dict:
         return {"device": "webgpu", "adapter": self._gpu.name,
                 "ops": [n.op for n in self.graph.nodes],
-                "dispatches": sum(len(st.dispatches) for st in self._steps),
+                "dispatches": sum(len(bound) for bound in self._steps),
                 "buffers": len(self._slots) if hasattr(self, "_slots") else 0,
                 "activation_bytes": sum(s.nbytes for s in getattr(self, "_slots", [])),
                 "weight_bytes": sum(b.size for b in getattr(self, "_weights", {}).values()),
-                "shader_f16": self._gpu.has_f16, "timestamps": self._gpu.has_timestamps}
+                "shader_f16": self._gpu.has_f16, "timestamps": self._gpu.has_timestamps,
+                "plans": vars(self.plan.stats) if self.plan else {}}
 
     def destroy(self) -> None:
         """Free every buffer, bind group and uniform of this load and release its pipelines."""
@@ -362,8 +409,9 @@ class WebGpuExecutor:
             self._gpu.release_pipeline(key)
         self._pipeline_keys = []
         self._steps = []
+        self.plan = None
         self._slots, self._weights, self._loc = [], {}, {}
-        self._readback = self._dummy = self._dummy_rw = None
+        self._readback = self._dummy = self._dummy_rw = self._params_buffer = None
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -375,10 +423,6 @@ def _alias_roots(nodes, kernels) -> dict:
             src = node.inputs[0]
             root[node.outputs[0]] = root.get(src, src)
     return root
-
-
-def _max_env(graph: Graph) -> dict:
-    return {s.name: graph.values[graph.inputs[s.input]].max_shape[s.dim] for s in graph.symbols}
 
 
 def _capacity(spec: TensorValue) -> int:

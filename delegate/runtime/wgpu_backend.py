@@ -20,6 +20,7 @@ DEVICES = ("auto", "webgpu", "cpu")
 
 class WgpuRuntimeBackend(PyBackend):
     backend_id = "WgpuBackend"
+    writes_outputs = True
 
     def init(self, processed: bytes, ctx: InitContext):
         graph = blob.decode(processed)
@@ -34,8 +35,8 @@ class WgpuRuntimeBackend(PyBackend):
 
         return CpuExecutor(graph, weights)
 
-    def execute(self, handle, inputs: list) -> list:
-        return handle.execute(list(inputs))
+    def execute(self, handle, inputs: list, outputs: list | None = None) -> list:
+        return handle.execute(inputs, outputs)
 
     def destroy(self, handle) -> None:
         handle.destroy()

@@ -1,0 +1,234 @@
+"""The graph plan both executors replay: static facts once per load, live facts once per binding.
+
+At load: one Step per IR node (its registry shape function, attributes, debug name) and the
+upper-bound symbol environment. The first execute of each binding of the *shape symbols*
+builds a Binding: the live shape of every value and the resolved attributes of every step,
+checked by the registry's `infer` (the validation pass), plus whatever the executor derives
+from them (kernel views on CPU, params and grids on WebGPU). Later executes with the same
+binding find it in a small LRU cache and replay it; `ETWGPU_VALIDATE=1` re-runs the
+validation on every execute.
+
+Shape symbols occur in some value's dims and key the cache. Offset symbols occur only in
+attributes (a cache write at `pos`, `narrow(mask, 0, pos, T)`): they move data, not shapes, so
+they key nothing; the steps that read them are re-resolved per execute (`dynamic_steps`).
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from delegate import ops as registry
+from delegate import symexpr
+from delegate.errors import BlobError, DelegateError, InputError
+from delegate.ir import Graph, SymExpr, TensorValue
+from delegate.runtime import shapes
+
+CACHE_SIZE = 16
+
+
+def validate_every_execute() -> bool:
+    return os.environ.get("ETWGPU_VALIDATE", "") not in ("", "0")
+
+
+@dataclass
+class Step:
+    index: int
+    op: str
+    name: str             # the fx node it came from (debug handle), "" if unknown
+    infer: Callable
+    inputs: list
+    outputs: list
+    attrs: dict
+    symbols: frozenset    # symbols its attributes mention
+
+    def where(self) -> str:
+        src = f" from {self.name!r}" if self.name else ""
+        return f"node {self.index} ({self.op}{src})"
+
+
+@dataclass
+class Binding:
+    """One binding of the shape symbols and everything derived from it."""
+    key: tuple
+    env: dict
+    live: dict                          # value id -> live shape (tensors)
+    attrs: list                         # resolved attributes per step
+    n_inputs: int
+    input_checks: tuple                 # (input index, dtype, shape) per tensor input
+    int_inputs: tuple                   # indices of int scalar inputs
+    payload: object = None              # the executor's replay data
+    hits: int = 0
+
+
+@dataclass
+class PlanStats:
+    hits: int = 0
+    misses: int = 0
+    validations: int = 0
+
+
+class GraphPlan:
+    def __init__(self, graph: Graph, build: Callable[[Binding], object]):
+        """build(binding) -> the executor's payload for a new binding."""
+        self.graph = graph
+        self._build_payload = build
+        self.steps = [_step(i, n) for i, n in enumerate(graph.nodes)]
+        dim_syms = _dim_symbols(graph)
+        self.shape_bindings = [s for s in graph.symbols if s.name in dim_syms]
+        self.offset_bindings = [s for s in graph.symbols if s.name not in dim_syms]
+        offsets = {s.name for s in self.offset_bindings}
+        self.dynamic_steps = [st.index for st in self.steps if st.symbols & offsets]
+        self._tensor_inputs = [(i, graph.values[vid]) for i, vid in enumerate(graph.inputs)
+                               if isinstance(graph.values[vid], TensorValue)]
+        self._cache: OrderedDict = OrderedDict()
+        self.stats = PlanStats()
+        self._validate = validate_every_execute()
+
+    # ---- bindings ----------------------------------------------------------------------------
+    def binding_for(self, inputs: list) -> Binding:
+        """The cached binding these inputs select, built (and validated) on a miss."""
+        b = self._cache.get(self._fast_key(inputs))
+        if b is not None and _accepts(b, inputs):
+            self.stats.hits += 1
+            b.hits += 1
+            if self._validate:
+                self._validate_binding(b)
+            return b
+        env = shapes.bind_inputs(self.graph, inputs)     # every input check, typed errors
+        key = tuple(env.get(s.name) for s in self.shape_bindings)
+        b = self._cache.get(key)
+        if b is None:
+            b = self._new_binding(key, env)
+        elif not _accepts(b, inputs):  # bind_inputs passed, so this is our bug, not the user's
+            raise InputError(f"inputs: expected {b.input_checks}, got "
+                             f"{[(type(t).__name__, getattr(t, 'shape', t)) for t in inputs]}")
+        self.stats.hits += 1
+        return b
+
+    def _fast_key(self, inputs) -> tuple | None:
+        try:
+            return tuple(int(inputs[s.input]) if s.dim == -1 else inputs[s.input].shape[s.dim]
+                         for s in self.shape_bindings)
+        except (IndexError, TypeError, AttributeError, ValueError, RuntimeError):
+            return None
+
+    def offset_env(self, inputs: list) -> dict:
+        """Values of the offset symbols for this execute (empty when the graph has none)."""
+        return {s.name: int(inputs[s.input]) if s.dim == -1 else int(inputs[s.input].shape[s.dim])
+                for s in self.offset_bindings}
+
+    def _new_binding(self, key: tuple, env: dict) -> Binding:
+        self.stats.misses += 1
+        values = self.graph.values
+        live = {vid: shapes.live_shape(v, env) for vid, v in enumerate(values)
+                if isinstance(v, TensorValue)}
+        attrs = [symexpr.resolve(st.attrs, env) if st.symbols else st.attrs for st in self.steps]
+        checks = tuple((i, spec.dtype, live[self.graph.inputs[i]])
+                       for i, spec in self._tensor_inputs)
+        ints = tuple(i for i, vid in enumerate(self.graph.inputs)
+                     if getattr(values[vid], "kind", None) == "int")
+        b = Binding(key, env, live, attrs, len(self.graph.inputs), checks, ints)
+        self._validate_binding(b)
+        b.payload = self._build_payload(b)
+        self._cache[key] = b
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return b
+
+    def _validate_binding(self, b: Binding) -> None:
+        """Registry shape inference must agree with the shapes recorded at export."""
+        self.stats.validations += 1
+        for st, attrs in zip(self.steps, b.attrs):
+            ins = [None if v == -1 else b.live[v] for v in st.inputs]
+            try:
+                got = [tuple(s) for s in st.infer(ins, attrs)]
+            except DelegateError as e:
+                raise type(e)(f"{st.where()}: {e}") from None
+            want = [b.live[v] for v in st.outputs]
+            if got != want:
+                raise BlobError(f"{st.where()} output shapes: expected {want} (from export), "
+                                f"got {got} from shape inference")
+
+    def max_env(self) -> dict:
+        return max_env(self.graph)
+
+
+def _step(i: int, node) -> Step:
+    op = registry.get_op(node.op)
+    syms = frozenset().union(*(symexpr.symbols_of(e) for e in _sym_exprs(node.attrs)))
+    return Step(i, node.op, getattr(node, "name", "") or "", op.infer, list(node.inputs),
+                list(node.outputs), node.attrs, syms)
+
+
+def _sym_exprs(x):
+    if isinstance(x, SymExpr):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _sym_exprs(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _sym_exprs(v)
+
+
+def _dim_symbols(graph: Graph) -> set:
+    out = set()
+    for v in graph.values:
+        if isinstance(v, TensorValue):
+            for d in v.dims:
+                if isinstance(d, SymExpr):
+                    out |= symexpr.symbols_of(d)
+    return out
+
+
+def _accepts(b: Binding, inputs) -> bool:
+    """The cheap per-execute input check of a cached binding: kind, dtype and exact shape."""
+    if len(inputs) != b.n_inputs:
+        return False
+    for i, dtype, shape in b.input_checks:
+        t = inputs[i]
+        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape
+                and t.layout == torch.strided and t.is_cpu):
+            return False
+    for i in b.int_inputs:
+        if type(inputs[i]) is not int:
+            return False
+    return True
+
+
+def max_env(graph: Graph) -> dict:
+    """Every symbol at its upper bound: read off a tensor input dim it binds, or, for symbols
+    bound by a scalar input, off any value dim that is exactly that symbol."""
+    env = {}
+    for s in graph.symbols:
+        spec = graph.values[graph.inputs[s.input]]
+        if s.dim >= 0 and isinstance(spec, TensorValue):
+            env[s.name] = spec.max_shape[s.dim]
+    for v in graph.values:
+        if isinstance(v, TensorValue):
+            for d, m in zip(v.dims, v.max_shape):
+                if isinstance(d, SymExpr) and d.isidentifier():
+                    env.setdefault(d, m)
+    dims = _dim_symbols(graph)
+    missing = [s.name for s in graph.symbols if s.name not in env and s.name in dims]
+    if missing:
+        raise BlobError(f"symbols {missing}: expected an upper bound from some value's dims, "
+                        f"got none")
+    for s in graph.symbols:   # offset symbols size nothing: any value does for sizing
+        env.setdefault(s.name, 0)
+    return env
+
+
+def numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def nbytes(dtype: torch.dtype, shape) -> int:
+    return numel(shape) * dtype.itemsize
