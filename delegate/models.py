@@ -16,16 +16,23 @@ class MLP(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int):
+    """Causal self-attention; kv_heads < heads is grouped-query attention."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int | None = None):
         super().__init__()
         self.heads, self.head_dim = heads, dim // heads
-        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.kv_heads = kv_heads or heads
+        kv_dim = self.kv_heads * self.head_dim
+        self.wq, self.wo = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.wk, self.wv = nn.Linear(dim, kv_dim, bias=False), nn.Linear(dim, kv_dim, bias=False)
 
     def forward(self, x):
         b, t, d = x.shape
-        q, k, v = (w(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = (w(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+                for w in (self.wk, self.wv))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.kv_heads != self.heads)
         return self.wo(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -42,10 +49,11 @@ class SwiGLU(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm block: rms_norm -> causal SDPA attention -> rms_norm -> SwiGLU MLP."""
 
-    def __init__(self, dim: int = 64, heads: int = 4, hidden: int = 176):
+    def __init__(self, dim: int = 64, heads: int = 4, hidden: int = 176,
+                 kv_heads: int | None = None):
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(dim, eps=1e-5), nn.RMSNorm(dim, eps=1e-5)
-        self.attn, self.mlp = Attention(dim, heads), SwiGLU(dim, hidden)
+        self.attn, self.mlp = Attention(dim, heads, kv_heads), SwiGLU(dim, hidden)
 
     def forward(self, x):
         x = x + self.attn(self.norm1(x))

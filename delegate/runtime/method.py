@@ -163,10 +163,17 @@ class Method:
             if not self._alive:
                 raise ProgramError(f"method {self.name!r}: expected a loaded method, "
                                    f"got a destroyed one")
-            with torch.no_grad():
-                self._set_inputs(inputs)
-                self._loop(self._table.vals)
-                return [self._output(i) for i in self._outputs]
+            if torch.is_grad_enabled():   # out= kernels refuse tensors that need grad
+                with torch.no_grad():
+                    return self._execute(inputs)
+            return self._execute(inputs)
+
+    def _execute(self, inputs) -> list:
+        self._set_inputs(inputs)
+        vals = self._table.vals
+        self._loop(vals)
+        # the one copy at the boundary: a returned tensor never shares a later execute's memory
+        return [v.clone() if isinstance(v := vals[i], torch.Tensor) else v for i in self._outputs]
 
     def _loop(self, vals) -> None:
         run, n, pc = self._run, len(self._run), 0
@@ -200,10 +207,6 @@ class Method:
             if slot.shape != x.shape:
                 resize_within(slot, x.shape, i)
             slot.copy_(x)
-
-    def _output(self, i: int):
-        v = self._table.vals[i]
-        return v.clone() if isinstance(v, torch.Tensor) else v
 
     def destroy(self) -> None:
         """Release every delegate this method initialised; safe to call twice."""
