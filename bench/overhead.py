@@ -16,6 +16,7 @@ Every figure is the minimum over repeated runs (the machine is shared and noisy)
 from __future__ import annotations
 
 import argparse
+import struct
 import sys
 import time
 import warnings
@@ -119,9 +120,22 @@ def chain(args) -> list:
             n = len(executor.plan.binding_for([x]).payload.dispatches)
             rows += [(f"chain {n} dispatches webgpu: wall", wall, "µs"),
                      ("  GPU timestamps sum", gpu, "µs"),
+                     ("  encode only, per dispatch", _encode_us(executor, x) / n, "µs"),
                      ("  host per dispatch ((wall - GPU) / dispatches)", (wall - gpu) / n, "µs")]
         prog.destroy()
     return rows
+
+
+def _encode_us(executor, x) -> float:
+    """Host µs to encode the binding's dispatches (encoder, pass, set/dispatch calls, finish)."""
+    plan = executor.plan.binding_for([x]).payload.dispatches
+    device = executor._gpu.device
+
+    def encode():
+        enc = device.create_command_encoder()
+        executor._encode(enc.begin_compute_pass(), plan)
+        enc.finish()
+    return min_us(encode, 50)
 
 
 def _gpu_us(executor, x) -> float:
@@ -156,35 +170,145 @@ def block(args) -> list:
             ("  ratio ours / XNNPACK", ours / xnn, "x")]
 
 
-def llama_layer(max_seq: int = 2048):
+def llama_layer(small: bool = False, max_seq: int = 2048):
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerGroup
 
-    model = seeded(TransformerBlock(2048, 32, 8192, kv_heads=8))
+    dim, heads, hidden, kv = (256, 4, 512, 2) if small else (2048, 32, 8192, 8)
+    model = seeded(TransformerBlock(dim, heads, hidden, kv_heads=kv))
     quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)))
     seq = torch.export.Dim("seq", min=1, max=max_seq)
-    return lower(model, (torch.randn(1, 16, 2048),), dynamic_shapes=({1: seq},),
+    return lower(model, (torch.randn(1, 16, dim),), dynamic_shapes=({1: seq},),
                  device="webgpu").buffer
 
 
 def llama(args) -> list:
-    prog, m = load(llama_layer(), "webgpu")
+    prog, m = load(llama_layer(args.small), "webgpu")
     (_, executor), = m.delegates
     rows = []
     for t in (1, 512):
-        x = torch.randn(1, t, 2048)
+        x = torch.randn(1, t, 256 if args.small else 2048)
         _, wall = timed(lambda: m.execute([x]), 20 if t == 1 else 5)
         gpu = _gpu_us(executor, x)
         n = len(executor.plan.binding_for([x]).payload.dispatches)
         rows += [(f"llama layer T={t} webgpu: wall", wall * 1e3, "µs"),
                  (f"  GPU timestamps sum ({n} dispatches)", gpu, "µs"),
                  ("  wall / GPU", wall * 1e3 / gpu, "x"),
+                 ("  encode only, per dispatch", _encode_us(executor, x) / n, "µs"),
                  ("  host per execute (wall - GPU)", wall * 1e3 - gpu, "µs")]
     prog.destroy()
     return rows
 
 
-CASES = {"one_op": one_op, "chain": chain, "block": block, "llama": llama}
+_PARAMS_SHADER = """
+struct P {{ n: u32, a: f32, pad0: u32, pad1: u32 }}
+{decl}
+@group(0) @binding({out_binding}) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {{
+    if (g.x < p.n) {{ out[g.x] = p.a; }}
+}}
+"""
+
+
+def params(args) -> list:
+    """Per-dispatch params for 64 dispatches: one write_buffer of a block of 256-byte-aligned
+    uniforms against set_immediates per dispatch (push constants), host µs per execute."""
+    import wgpu
+
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    if "immediates" not in adapter.features:
+        return [("params upload: adapter has no immediates", 0.0, "")]
+    dev = adapter.request_device_sync(required_features=["immediates"],
+                                      required_limits={"max-immediate-size": 16})
+    n, stride = 64, 256
+    out = dev.create_buffer(size=4 * 64, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    block = dev.create_buffer(size=n * stride, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+    data = bytearray(n * stride)
+
+    def pipeline(decl, out_binding, layout_entries, immediate):
+        bgl = dev.create_bind_group_layout(entries=layout_entries)
+        pl = dev.create_pipeline_layout(bind_group_layouts=[bgl], immediate_size=immediate)
+        src = _PARAMS_SHADER.format(decl=decl, out_binding=out_binding)
+        mod = dev.create_shader_module(code=src)
+        return bgl, dev.create_compute_pipeline(layout=pl, compute={"module": mod, "entry_point": "main"})
+
+    storage = {"binding": 1, "visibility": wgpu.ShaderStage.COMPUTE,
+               "buffer": {"type": wgpu.BufferBindingType.storage}}
+    uniform = {"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,
+               "buffer": {"type": wgpu.BufferBindingType.uniform}}
+    bgl_u, pipe_u = pipeline("@group(0) @binding(0) var<uniform> p: P;", 1, [uniform, storage], 0)
+    groups = [dev.create_bind_group(layout=bgl_u, entries=[
+        {"binding": 0, "resource": {"buffer": block, "offset": i * stride, "size": 16}},
+        {"binding": 1, "resource": {"buffer": out, "offset": 0, "size": out.size}}])
+        for i in range(n)]
+    bgl_i, pipe_i = pipeline("var<immediate> p: P;", 0, [dict(storage, binding=0)], 16)
+    group_i = dev.create_bind_group(layout=bgl_i, entries=[
+        {"binding": 0, "resource": {"buffer": out, "offset": 0, "size": out.size}}])
+    words = [struct.pack("<If8x", 64, float(i)) for i in range(n)]
+
+    def with_block():
+        dev.queue.write_buffer(block, 0, data)
+        enc = dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for g in groups:
+            cp.set_pipeline(pipe_u)
+            cp.set_bind_group(0, g)
+            cp.dispatch_workgroups(1)
+        cp.end()
+        dev.queue.submit([enc.finish()])
+        dev.queue.read_buffer(out, 0, 16)
+
+    def with_immediates():
+        enc = dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for w in words:
+            cp.set_pipeline(pipe_i)
+            cp.set_bind_group(0, group_i)
+            cp.set_immediates(0, w, 0, 16)
+            cp.dispatch_workgroups(1)
+        cp.end()
+        dev.queue.submit([enc.finish()])
+        dev.queue.read_buffer(out, 0, 16)
+
+    a = min_us(with_block, 20)
+    b = min_us(with_immediates, 20)
+    a = min(a, min_us(with_block, 20))
+    return [(f"{n} dispatches + read: one params block write", a, "µs"),
+            (f"{n} dispatches + read: set_immediates each", b, "µs"),
+            ("  immediates / block", b / a, "x")]
+
+
+def submit_split(args) -> list:
+    """The Llama-shaped layer at T=1 with its dispatches split over 1, 2 or 4 submits."""
+    prog, m = load(llama_layer(args.small), "webgpu")
+    (_, ex), = m.delegates
+    x = torch.randn(1, 1, 256 if args.small else 2048)
+    b = ex.plan.binding_for([x])
+    gpu = ex._gpu
+
+    def run(parts: int):
+        ex._upload(b, [x])
+        plan = b.payload.dispatches
+        cut = -(-len(plan) // parts)
+        chunks = [plan[i:i + cut] for i in range(0, len(plan), cut)]
+        for chunk in chunks[:-1]:
+            enc = gpu.device.create_command_encoder()
+            ex._encode(enc.begin_compute_pass(), chunk)
+            gpu.queue.submit([enc.finish()])
+        enc = gpu.device.create_command_encoder()
+        ex._encode(enc.begin_compute_pass(), chunks[-1])
+        return ex._finish(enc, b, None)
+
+    rows = [(f"llama T=1, {k} submit(s)", min_us(lambda: run(k), 20), "µs") for k in (1, 2, 4)]
+    rows += [(f"llama T=1, {k} submit(s), again", min_us(lambda: run(k), 20), "µs")
+             for k in (1, 2, 4)]
+    prog.destroy()
+    return rows
+
+
+CASES = {"one_op": one_op, "chain": chain, "block": block, "llama": llama, "params": params,
+         "submit_split": submit_split}
 
 
 def main(argv=None) -> int:
@@ -192,6 +316,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="one_op,chain,block", help=f"of {','.join(CASES)}")
     ap.add_argument("--devices", default="cpu,webgpu")
+    ap.add_argument("--small", action="store_true", help="a small layer, for a smoke run")
     args = ap.parse_args(argv)
     args.devices = args.devices.split(",")
     print(f"{'case':<52} {'value':>10}")

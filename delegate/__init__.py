@@ -9,6 +9,7 @@ from delegate.errors import (  # noqa: F401
     DelegateError,
     DeviceError,
     InputError,
+    KernelError,
     ProgramError,
     ShaderError,
     UnknownOperatorError,

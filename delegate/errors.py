@@ -30,6 +30,10 @@ class UnsupportedError(DelegateError):
     """A construct is valid ExecuTorch but outside what this delegate implements."""
 
 
+class KernelError(DelegateError):
+    """A kernel raised while running a node; the message names the node, its op and source."""
+
+
 class DeviceError(DelegateError):
     """The requested device cannot be used (for example no WebGPU adapter exists)."""
 

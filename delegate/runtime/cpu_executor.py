@@ -15,7 +15,7 @@ import torch
 
 import kernels_cpu
 from delegate import symexpr
-from delegate.errors import DelegateError, InputError
+from delegate.errors import BlobError, DelegateError, InputError, KernelError
 from delegate.ir import Graph, TensorValue
 from delegate.runtime import planner
 from delegate.runtime.graph_plan import Binding, GraphPlan, nbytes
@@ -174,20 +174,22 @@ class CpuExecutor:
         return results
 
     def _run(self, calls: list, attrs_now) -> None:
-        scratch = self._scratch_view
-        i = 0
+        scratch, check, i = self._scratch_view, self.plan.validating, 0
         try:
-            if attrs_now is None:
-                for i, (fn, ins, outs, attrs) in enumerate(calls):
-                    fn(ins, outs, attrs, scratch)
-            else:
-                for i, (fn, ins, outs, attrs) in enumerate(calls):
-                    fn(ins, outs, attrs_now.get(i, attrs), scratch)
+            for i, (fn, ins, outs, attrs) in enumerate(calls):
+                if attrs_now:
+                    attrs = attrs_now.get(i, attrs)
+                if check:   # ETWGPU_VALIDATE=1: kernels must leave outputs at inferred shapes
+                    want = [tuple(o.shape) for o in outs]
+                fn(ins, outs, attrs, scratch)
+                if check and [tuple(o.shape) for o in outs] != want:
+                    raise BlobError(f"kernel output shapes: expected {want} (shape inference),"
+                                    f" got {[tuple(o.shape) for o in outs]}")
         except DelegateError as e:
             raise type(e)(f"{self.plan.steps[i].where()}: {e}") from None
         except Exception as e:  # noqa: BLE001 - a kernel's raw error gets its node
-            raise DelegateError(f"{self.plan.steps[i].where()}: expected the kernel to run, got "
-                                f"{type(e).__name__}: {e}") from e
+            raise KernelError(f"{self.plan.steps[i].where()}: expected the kernel to run, got "
+                              f"{type(e).__name__}: {e}") from e
 
     def _dynamic_attrs(self, b: Binding, inputs: list) -> dict:
         env = dict(b.env)

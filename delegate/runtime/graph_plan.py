@@ -86,7 +86,7 @@ class GraphPlan:
                                if isinstance(graph.values[vid], TensorValue)]
         self._cache: OrderedDict = OrderedDict()
         self.stats = PlanStats()
-        self._validate = validate_every_execute()
+        self.validating = validate_every_execute()
 
     # ---- bindings ----------------------------------------------------------------------------
     def binding_for(self, inputs: list) -> Binding:
@@ -95,16 +95,16 @@ class GraphPlan:
         if b is not None and _accepts(b, inputs):
             self.stats.hits += 1
             b.hits += 1
-            if self._validate:
+            if self.validating:
                 self._validate_binding(b)
             return b
         env = shapes.bind_inputs(self.graph, inputs)     # every input check, typed errors
         key = tuple(env.get(s.name) for s in self.shape_bindings)
         b = self._cache.get(key)
         if b is None:
-            b = self._new_binding(key, env)
-        elif not _accepts(b, inputs):  # bind_inputs passed, so this is our bug, not the user's
-            raise InputError(f"inputs: expected {b.input_checks}, got "
+            return self._new_binding(key, env)
+        if not _accepts(b, inputs):  # bind_inputs passed them: a dense-CPU or layout matter
+            raise InputError(f"inputs: expected dense CPU tensors {b.input_checks}, got "
                              f"{[(type(t).__name__, getattr(t, 'shape', t)) for t in inputs]}")
         self.stats.hits += 1
         return b

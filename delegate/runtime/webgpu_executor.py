@@ -100,6 +100,7 @@ class WebGpuExecutor:
         env = self.plan.max_env()
         specs = [self._specs(node, kernel, env) for node, kernel in zip(nodes, kernels)]
         self._params_buffer = self._params_layout(specs)
+        self._scratch = self._scratch_buffers(specs)
         offset = 0
         for node, step_specs in zip(nodes, specs):
             bound = []
@@ -117,8 +118,22 @@ class WebGpuExecutor:
         ins = [None if v == -1 else self.graph.values[v].max_shape for v in node.inputs]
         outs = [self.graph.values[v].max_shape for v in node.outputs]
         dtypes = tuple(None if v == -1 else self.graph.values[v].dtype for v in node.inputs)
-        specs = kernel.build(ins, outs, attrs, kernels_wgsl.BuildInfo(self._gpu, dtypes))
+        specs = kernel.build(ins, outs, attrs,
+                             kernels_wgsl.BuildInfo(self._gpu, dtypes, scratch=True))
         return [(spec, len(spec.sizes(ins, outs, attrs)[0])) for spec in specs]
+
+    def _scratch_buffers(self, specs: list) -> list:
+        """Scratch operand j of any dispatch binds buffer j, sized for the largest request:
+        scratch lives only between one node's dispatches, so every node shares them."""
+        sizes: list = []
+        for step in specs:
+            for spec, _ in step:
+                for j, n in enumerate(spec.scratch):
+                    sizes[j:j + 1] = [max(sizes[j] if j < len(sizes) else 0, int(n))]
+        limit = self._gpu.limits["max-storage-buffer-binding-size"]
+        for j, n in enumerate(sizes):
+            _check_binding(n, limit, f"scratch {j}")
+        return [self._new_buffer(n) for n in sizes]
 
     def _params_stride(self, size: int) -> int:
         align = self._gpu.limits.get("min-uniform-buffer-offset-alignment", 256)
@@ -204,10 +219,13 @@ class WebGpuExecutor:
             kernels_wgsl.source(spec.shader, spec.prelude), spec.entry, spec.constants, spec.kinds())
         self._pipeline_keys.append(key)
         operands = list(node.inputs) + list(node.outputs)
-        ids = [-1 if a is None else operands[a] for a in spec.args]   # None: an unused binding
+        n = len(operands)
+        # None: an unused binding; past the outputs: a scratch operand
+        ids = [-1 if a is None or a >= n else operands[a] for a in spec.args]
         # unused bindings get a dummy; a written one its own, as read and write usages conflict
-        buffers = [self._dummy_rw if a is None and a in spec.writes else self._buffer_of(v)
-                   for a, v in zip(spec.args, ids)]
+        buffers = [self._scratch[a - n] if a is not None and a >= n
+                   else self._dummy_rw if a is None and a in spec.writes
+                   else self._buffer_of(v) for a, v in zip(spec.args, ids)]
         entries = [{"binding": 0, "resource": {"buffer": self._params_buffer, "offset": offset,
                                                "size": max(size, 16)}}]
         entries += [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
@@ -412,6 +430,7 @@ class WebGpuExecutor:
         self.plan = None
         self._slots, self._weights, self._loc = [], {}, {}
         self._readback = self._dummy = self._dummy_rw = self._params_buffer = None
+        self._scratch = []
 
 
 # ---- helpers ----------------------------------------------------------------------------------
