@@ -19,8 +19,8 @@ import torch
 
 from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  registers llama ops
 from executorch.extension.pybindings import portable_lib
-from delegate.cli import timed
-from kernels_cpu.gated_delta_rule import gated_delta_rule
+from delegate.timing import timed
+from delegate.ops.gated_delta_rule import gated_delta_rule
 from kernels_cpu.threadpool import set_num_threads
 
 B, H, K, V = 1, 16, 128, 128

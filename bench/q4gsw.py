@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from delegate.cli import timed
+from delegate.timing import timed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from anywhere
 

@@ -11,6 +11,7 @@ from delegate.errors import (  # noqa: F401
     InputError,
     KernelError,
     ProgramError,
+    ResourceError,
     ShaderError,
     UnknownOperatorError,
     UnsupportedError,

@@ -1,17 +1,23 @@
 """Delegate blob (de)serialisation: ir.Graph <-> bytes, through schemas/delegate.fbs.
 
-Layout: b"EWGB" | uint32 LE schema version | FlatBuffer with file_identifier "EWG1".
-decode() validates everything an executor relies on (magic, version, identifier, value ids,
-node arity) and raises BlobError saying what was expected and what came.
+Layout: b"EWGB" | uint32 LE schema version | uint32 LE CRC32 of the FlatBuffer | FlatBuffer
+with file_identifier "EWG1". decode() trusts nothing it reads: it checks magic, version and
+CRC before parsing, then validates everything an executor relies on (value ids defined before
+use, dims and their bounds, symbolic sizes, node arity and attributes against the op registry)
+and raises BlobError saying what was expected and what came.
 """
 from __future__ import annotations
 
+import math
 import struct
+import zlib
 
 import flatbuffers
 import torch
 
-from delegate.errors import BlobError
+from delegate import ops as registry
+from delegate import symexpr
+from delegate.errors import BlobError, UnknownOperatorError
 from delegate.ir import Graph, ListValue, Node, ScalarValue, SymbolBinding, SymExpr, TensorValue
 from schemas.etwgpu_fb import AttrValue as AV
 from schemas.etwgpu_fb import ValueKind as VK
@@ -38,9 +44,14 @@ from schemas.etwgpu_fb.Value import ValueT
 from schemas.etwgpu_fb.ValueList import ValueListT
 
 MAGIC = b"EWGB"
-SCHEMA_VERSION = 1
+# 2: the header carries a CRC32 of the payload; Node.name. Version 1 blobs are refused: they
+# cannot be checked for corruption, and re-exporting the model makes a version 2 blob.
+SCHEMA_VERSION = 2
 FILE_IDENTIFIER = b"EWG1"
-_HEADER = struct.Struct("<4sI")
+_PREFIX = struct.Struct("<4sI")      # magic, schema version: the same in every version
+_HEADER = struct.Struct("<4sII")     # magic, schema version, CRC32 of the FlatBuffer
+MAX_DIM = 2 ** 31 - 1                # one dim's bound; buffers are indexed with u32/i32
+MAX_NUMEL = 2 ** 40                  # one tensor's elements (4 TiB of fp32): no real model
 
 _DTYPES = {
     torch.float32: DType.float32, torch.float16: DType.float16, torch.bfloat16: DType.bfloat16,
@@ -61,7 +72,12 @@ def encode(graph: Graph) -> bytes:
     g.symbols = [_symbol_t(s) for s in graph.symbols]
     b = flatbuffers.Builder(1024)
     b.Finish(g.Pack(b), file_identifier=FILE_IDENTIFIER)
-    return _HEADER.pack(MAGIC, SCHEMA_VERSION) + bytes(b.Output())
+    return frame(bytes(b.Output()))
+
+
+def frame(payload: bytes) -> bytes:
+    """The header (magic, version, CRC32 of payload) followed by the FlatBuffer payload."""
+    return _HEADER.pack(MAGIC, SCHEMA_VERSION, zlib.crc32(payload)) + payload
 
 
 def _value_t(v) -> ValueT:
@@ -99,6 +115,7 @@ def _node_t(n: Node) -> NodeT:
     t = NodeT()
     t.op, t.inputs, t.outputs = n.op, list(n.inputs), list(n.outputs)
     t.attrs = [_attr_t(k, v) for k, v in n.attrs.items()]
+    t.name = n.name or None
     return t
 
 
@@ -141,15 +158,7 @@ def _symbol_t(s: SymbolBinding) -> SymbolT:
 
 # ---- decode ----------------------------------------------------------------------------------
 def decode(blob: bytes) -> Graph:
-    blob = bytes(blob)
-    if len(blob) < _HEADER.size + 8:
-        raise BlobError(f"blob: expected at least {_HEADER.size + 8} bytes, got {len(blob)}")
-    magic, version = _HEADER.unpack_from(blob)
-    if magic != MAGIC:
-        raise BlobError(f"blob magic: expected {MAGIC!r}, got {magic!r}")
-    if version != SCHEMA_VERSION:
-        raise BlobError(f"blob schema version: expected {SCHEMA_VERSION}, got {version}")
-    body = blob[_HEADER.size:]
+    body = payload(bytes(blob))
     if not FbGraph.GraphBufferHasIdentifier(body, 0):
         raise BlobError(f"blob file identifier: expected {FILE_IDENTIFIER!r}, got {body[4:8]!r}")
     try:
@@ -159,7 +168,8 @@ def decode(blob: bytes) -> Graph:
             nodes=[_node(n) for n in (g.nodes or [])],
             inputs=_ints(g.inputs),
             outputs=_ints(g.outputs),
-            symbols=[SymbolBinding(_str(s.name), int(s.input), int(s.dim)) for s in (g.symbols or [])],
+            symbols=[SymbolBinding(_required(s.name, "symbol name"), int(s.input), int(s.dim))
+                     for s in (g.symbols or [])],
         )
     except BlobError:
         raise
@@ -169,9 +179,38 @@ def decode(blob: bytes) -> Graph:
     return graph
 
 
+def payload(blob: bytes) -> bytes:
+    """The FlatBuffer after a header whose magic, version and CRC32 all check out."""
+    if len(blob) < _PREFIX.size:
+        raise BlobError(f"blob: expected at least {_HEADER.size + 8} bytes, got {len(blob)}")
+    magic, version = _PREFIX.unpack_from(blob)
+    if magic != MAGIC:
+        raise BlobError(f"blob magic: expected {MAGIC!r}, got {magic!r}")
+    if version == 1:
+        raise BlobError(f"blob schema version: expected {SCHEMA_VERSION}, got 1 (written by an "
+                        "older etwgpu, without a checksum): re-export the model")
+    if version != SCHEMA_VERSION:
+        raise BlobError(f"blob schema version: expected {SCHEMA_VERSION}, got {version}")
+    if len(blob) < _HEADER.size + 8:
+        raise BlobError(f"blob: expected at least {_HEADER.size + 8} bytes, got {len(blob)}")
+    crc = _HEADER.unpack_from(blob)[2]
+    body = blob[_HEADER.size:]
+    if zlib.crc32(body) != crc:
+        raise BlobError(f"blob payload CRC32: expected {crc:#010x} (header), got "
+                        f"{zlib.crc32(body):#010x} for {len(body)} bytes: the blob is corrupted")
+    return body
+
+
 def _ints(seq) -> list:
     """FlatBuffers' object API yields numpy arrays (or None); the IR holds Python ints."""
     return [] if seq is None else [int(x) for x in seq]
+
+
+def _required(s, what: str) -> str:
+    """A string the schema marks required: a mutated buffer can still leave it out."""
+    if s is None:
+        raise BlobError(f"{what}: expected a string, got none")
+    return _str(s)
 
 
 def _str(s) -> str:
@@ -196,8 +235,14 @@ def _value(v: ValueT):
 
 
 def _node(n: NodeT) -> Node:
-    attrs = {_str(a.name): _attr(a) for a in (n.attrs or [])}
-    return Node(_str(n.op), _ints(n.inputs), _ints(n.outputs), attrs)
+    attrs = {}
+    for a in n.attrs or []:
+        name = _required(a.name, f"node {_str(n.op)!r} attribute name")
+        if name in attrs:
+            raise BlobError(f"node {_str(n.op)!r} attribute {name!r}: expected once, got twice")
+        attrs[name] = _attr(a)
+    op = _required(n.op, "node op")
+    return Node(op, _ints(n.inputs), _ints(n.outputs), attrs, _str(n.name) or "")
 
 
 def _attr(a: AttributeT):
@@ -220,28 +265,150 @@ def _attr(a: AttributeT):
 
 
 def validate(graph: Graph) -> None:
-    """Every id in range, every node input defined before use, graph I/O typed as expected."""
+    """Everything an executor relies on: ids in range, every value defined before use and
+    written once, dims non-negative and bounded, symbolic sizes over bound symbols only, and
+    each node's arity and attributes as its op declares them. Raises BlobError."""
     n = len(graph.values)
 
     def check_id(vid, where):
         if not 0 <= vid < n:
             raise BlobError(f"{where}: expected a value id in [0, {n}), got {vid}")
 
-    defined = set()
-    for i, vid in enumerate(graph.inputs):
-        check_id(vid, f"graph input {i}")
-        defined.add(vid)
+    symbols = _check_symbols(graph, check_id)
+    bounds = {s.name: graph.values[graph.inputs[s.input]].max_shape[s.dim]
+              for s in graph.symbols if s.dim >= 0}
+    for vid, v in enumerate(graph.values):
+        _check_value(vid, v, symbols, bounds, check_id)
+    defined = set(graph.inputs)
     defined.update(i for i, v in enumerate(graph.values)
                    if isinstance(v, TensorValue) and v.constant_key)
     for k, node in enumerate(graph.nodes):
-        for vid in node.inputs:
-            if vid != -1:
-                check_id(vid, f"node {k} ({node.op}) input")
-        for vid in node.outputs:
-            check_id(vid, f"node {k} ({node.op}) output")
-            defined.add(vid)
+        _check_node(k, node, graph, defined, symbols, check_id)
     for i, vid in enumerate(graph.outputs):
         check_id(vid, f"graph output {i}")
+        if vid not in defined:
+            raise BlobError(f"graph output {i}: expected a value a node, an input or a weight "
+                            f"defines, got value {vid} that nothing defines")
+
+
+def _check_symbols(graph: Graph, check_id) -> set:
+    """The symbol names, each bound to a dim (or, dim -1, the value) of a graph input."""
+    for i, vid in enumerate(graph.inputs):
+        check_id(vid, f"graph input {i}")
+        v = graph.values[vid]
+        if isinstance(v, ListValue) or (isinstance(v, TensorValue) and v.constant_key):
+            raise BlobError(f"graph input {i}: expected an activation tensor or a scalar, got "
+                            f"value {vid} ({_describe(v)})")
+    names = set()
     for s in graph.symbols:
+        where = f"symbol {s.name!r}"
+        if not s.name.isidentifier() or s.name in names:
+            raise BlobError(f"{where}: expected a new identifier, got a bad or repeated name")
         if not 0 <= s.input < len(graph.inputs):
-            raise BlobError(f"symbol {s.name}: expected an input index < {len(graph.inputs)}, got {s.input}")
+            raise BlobError(f"{where}: expected an input index < {len(graph.inputs)}, got {s.input}")
+        v = graph.values[graph.inputs[s.input]]
+        rank = len(v.dims) if isinstance(v, TensorValue) else 0
+        ok = s.dim == -1 if isinstance(v, ScalarValue) else 0 <= s.dim < rank
+        if not ok:
+            raise BlobError(f"{where}: expected a dim of input {s.input} ({_describe(v)}), "
+                            f"got dim {s.dim}")
+        names.add(s.name)
+    return names
+
+
+def _check_value(vid: int, v, symbols: set, bounds: dict, check_id) -> None:
+    if isinstance(v, ListValue):
+        for vid_item in v.items:
+            check_id(vid_item, f"value {vid} (list) item")
+        return
+    if not isinstance(v, TensorValue):
+        return
+    where = f"value {vid} ({_describe(v)})"
+    if len(v.dims) != len(v.max_shape):
+        raise BlobError(f"{where}: expected a bound per dim, got {len(v.max_shape)} for "
+                        f"{len(v.dims)} dims")
+    for d, (size, bound) in enumerate(zip(v.dims, v.max_shape)):
+        if not 0 <= bound <= MAX_DIM:
+            raise BlobError(f"{where} dim {d} bound: expected within [0, {MAX_DIM}], got {bound}")
+        if isinstance(size, SymExpr):
+            if v.constant_key:
+                raise BlobError(f"{where}: expected a weight of static shape, got dim {d} = {size}")
+            _check_expr(size, symbols, f"{where} dim {d}")
+            _check_bound(size, bound, bounds, f"{where} dim {d}")
+        elif not 0 <= size <= bound:
+            raise BlobError(f"{where} dim {d}: expected a size within [0, {bound}], got {size}")
+    if math.prod(v.max_shape) >= MAX_NUMEL:
+        raise BlobError(f"{where}: expected fewer than 2**40 elements, got "
+                        f"{math.prod(v.max_shape)}")
+
+
+def _check_expr(expr: SymExpr, symbols: set, where: str) -> None:
+    unbound = symexpr.symbols_of(expr) - symbols   # also parses: BlobError on bad text
+    if unbound:
+        raise BlobError(f"{where}: expected an expression over {sorted(symbols)}, got "
+                        f"{expr!r} using {sorted(unbound)}")
+
+
+def _check_bound(expr: SymExpr, bound: int, bounds: dict, where: str) -> None:
+    """A symbolic dim's bound holds its size at the symbols' bounds (as the lowering sized
+    it), so a buffer sized for the bound never overflows; symbols bound to a scalar input
+    carry no bound in the blob and are left to the executors' live checks."""
+    if not symexpr.symbols_of(expr) <= set(bounds):
+        return
+    try:
+        need = symexpr.evaluate(expr, bounds)
+    except ArithmeticError as e:
+        raise BlobError(f"{where}: expected a size {expr!r} defined at the symbols' bounds, "
+                        f"got {type(e).__name__}") from None
+    if bound < need:
+        raise BlobError(f"{where} bound: expected at least {need} ({expr} at the symbols' "
+                        f"bounds {bounds}), got {bound}")
+
+
+def _check_node(k: int, node: Node, graph: Graph, defined: set, symbols: set, check_id) -> None:
+    where = f"node {k} ({node.op}{' ' + node.name if node.name else ''})"
+    for j, vid in enumerate(node.inputs):
+        if vid == -1:
+            continue
+        check_id(vid, f"{where} input")
+        v = graph.values[vid]
+        items = v.items if isinstance(v, ListValue) else [vid]
+        if not all(i in defined for i in items):
+            raise BlobError(f"{where} input {j}: expected a value defined before use (a graph "
+                            f"input, a weight or an earlier node's output), got value {vid}")
+    for vid in node.outputs:
+        check_id(vid, f"{where} output")
+        v = graph.values[vid]
+        if vid in defined:
+            raise BlobError(f"{where} output: expected a value written once, got value {vid} "
+                            f"({_describe(v)}) already defined")
+        if not isinstance(v, TensorValue):
+            raise BlobError(f"{where} output: expected a tensor value, got value {vid} "
+                            f"({_describe(v)})")
+        defined.add(vid)
+    for name, value in node.attrs.items():
+        for e in value if isinstance(value, list) else [value]:
+            if isinstance(e, SymExpr):
+                _check_expr(e, symbols, f"{where} attribute {name!r}")
+    _check_declaration(where, node)
+
+
+def _check_declaration(where: str, node: Node) -> None:
+    """Arity and attributes as the op declares them; an op unknown here is left to the
+    executor (UnknownOperatorError), an op declaring nothing (a third party's) to its kernel."""
+    try:
+        op = registry.get_op(node.op)
+    except UnknownOperatorError:
+        return
+    why = registry.arity_mismatch(op, len(node.inputs), len(node.outputs))
+    why = why or registry.attrs_mismatch(op, node.attrs)
+    if why:
+        raise BlobError(f"{where}: expected {why}")
+
+
+def _describe(v) -> str:
+    if isinstance(v, TensorValue):
+        return f"{v.dtype} tensor {tuple(v.dims)}" + (" weight" if v.constant_key else "")
+    if isinstance(v, ListValue):
+        return f"list of {len(v.items)}"
+    return f"{v.kind} scalar"

@@ -30,6 +30,10 @@ class UnsupportedError(DelegateError):
     """A construct is valid ExecuTorch but outside what this delegate implements."""
 
 
+class ResourceError(DelegateError):
+    """A load needs more memory (host or device) than can be had."""
+
+
 class KernelError(DelegateError):
     """A kernel raised while running a node; the message names the node, its op and source."""
 

@@ -62,6 +62,7 @@ class Node:
     inputs: list                  # value ids; -1 for an absent optional input
     outputs: list                 # value ids
     attrs: dict = field(default_factory=dict)
+    name: str = ""                # the fx node it was lowered from (debug handle)
 
 
 @dataclass

@@ -5,7 +5,6 @@ signature, the named-data store or the symbol table themselves.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import operator
 from typing import Optional
@@ -14,6 +13,7 @@ import torch
 import torch.fx
 
 from delegate.errors import UnsupportedError
+from delegate.integrity import weight_key
 from delegate.ir import Graph, Node, ScalarValue, SymbolBinding, SymExpr, TensorValue
 
 WEIGHT_ALIGNMENT = 16
@@ -34,6 +34,7 @@ class LoweringContext:
         self._bounds = upper_bounds      # symbol name -> int upper bound
         self._named_data = named_data    # executorch NamedDataStore or None
         self._deferred: dict = {}        # constant placeholder -> tensor, bound on first use
+        self._producer: dict = {}        # value id -> name of the fx node it was made for
         self.weight_keys: list = []
 
     # ---- values --------------------------------------------------------------------------
@@ -57,12 +58,14 @@ class LoweringContext:
         """Create the value for a node's single tensor output from its meta['val']."""
         vid = self.graph.add_value(self._tensor_value(node.meta["val"]))
         self._ids[node] = vid
+        self._producer[vid] = node.name
         return vid
 
     def outputs(self, node: torch.fx.Node) -> list:
         """Create one value per element of a tuple-valued node; getitem nodes map onto them."""
         ids = [self.graph.add_value(self._tensor_value(v)) for v in node.meta["val"]]
         self._ids[node] = ids
+        self._producer.update((vid, node.name) for vid in ids)
         return ids
 
     def alias(self, node: torch.fx.Node, vid: int) -> None:
@@ -70,10 +73,11 @@ class LoweringContext:
         self._ids[node] = vid
 
     def constant(self, tensor: torch.Tensor, name: str = "") -> int:
-        """A weight: its bytes go to the named-data store keyed by sha256, 16-byte aligned."""
+        """A weight: its bytes go to the named-data store keyed by their digest (checked at
+        load, delegate/integrity.py), 16-byte aligned."""
         t = tensor.detach().contiguous()
         data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        key = "etwgpu." + hashlib.sha256(data + str((t.dtype, tuple(t.shape))).encode()).hexdigest()
+        key = weight_key(data, t.dtype, t.shape)
         if self._named_data is not None:
             self._named_data.add_named_data(key, data, alignment=WEIGHT_ALIGNMENT)
         self.weight_keys.append(key)
@@ -125,7 +129,9 @@ class LoweringContext:
         return [self.dim(x) for x in xs]
 
     def emit(self, op: str, inputs: list, outputs: list, **attrs) -> Node:
-        n = Node(op, list(inputs), list(outputs), dict(attrs))
+        """The IR node is named after the fx node its first output was made for."""
+        name = self._producer.get(outputs[0], "") if outputs else ""
+        n = Node(op, list(inputs), list(outputs), dict(attrs), name)
         self.graph.nodes.append(n)
         return n
 
@@ -164,6 +170,8 @@ def constant_inputs(ep, real: Optional[dict] = None) -> dict:
         if isinstance(t, FakeTensor) and real is not None and key in real:
             r = real[key]
             t = r if (r.shape, r.dtype) == (t.shape, t.dtype) else t
+        if isinstance(t, FakeTensor) and isinstance(t.constant, torch.Tensor):
+            t = t.constant   # a small constant edge lifted itself (the 1 of `x + 1`)
         if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
             out[name] = t
     return out

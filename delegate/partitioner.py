@@ -22,6 +22,7 @@ from delegate import ops as registry
 from delegate import preprocess  # noqa: F401  (ExecuTorch finds WgpuBackend among loaded BackendDetails)
 from delegate.errors import DelegateError
 from delegate.lowering import constant_inputs, constant_keys, upper_bounds
+from delegate.ops._common import claiming_for
 
 log = logging.getLogger("etwgpu")
 DEVICES = ("webgpu", "cpu")
@@ -65,7 +66,8 @@ class RegistrySupport(OperatorSupportBase):
             return f"no {self.device} kernel"
         why = self._check_values(op, node)
         if why is None and op.check is not None:
-            why = op.check(node)
+            with claiming_for(self.device):
+                why = op.check(node)
         return why
 
     def _check_values(self, op, node) -> Optional[str]:

@@ -85,6 +85,10 @@ for _name, _fn in (
     ("log", lambda x, o: torch.log(x, out=o)),
     ("ceil", lambda x, o: torch.ceil(x, out=o)),
     ("floor", lambda x, o: torch.floor(x, out=o)),
+    ("sin", lambda x, o: torch.sin(x, out=o)),
+    ("cos", lambda x, o: torch.cos(x, out=o)),
+    ("hardswish", lambda x, o: aten.hardswish.out(x, out=o)),
+    ("hardsigmoid", lambda x, o: aten.hardsigmoid.out(x, out=o)),
 ):
     register_kernel(_name)(_unary(_fn))
 

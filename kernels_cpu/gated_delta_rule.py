@@ -25,8 +25,6 @@ import threading
 
 import torch
 
-from delegate.errors import InputError
-from delegate.ops.gated_delta_rule import check_dtypes, infer_shapes
 from kernels_cpu import register_kernel
 from kernels_cpu.threadpool import (
     ScratchArena, get_pool, single_threaded_torch, typed, worker_slices,
@@ -256,16 +254,10 @@ _ARENA = ScratchArena()
 _ARENA_LOCK = threading.Lock()   # one module-level arena: calls through it take turns
 
 
-def gated_delta_rule(q, k, v, decay, beta, initial_state):
-    """Eager entry for tests and benchmarks: validate, allocate outputs, run the kernel."""
-    ins = [q, k, v, decay, beta, initial_state]
-    for name, t in zip(("query", "key", "value", "decay", "beta", "initial_state"), ins):
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"{name}: expected a tensor, got {type(t).__name__}")
-    check_dtypes([t.dtype for t in ins])
+def run_into(ins: list, out: torch.Tensor, final: torch.Tensor):
+    """Run on already validated tensors into out and final, outside any executor (the eager
+    entry delegate.ops.gated_delta_rule.gated_delta_rule validates first)."""
     shapes = [tuple(t.shape) for t in ins]
-    out_shape, state_shape = infer_shapes(shapes)
-    out, final = torch.empty(out_shape), torch.empty(state_shape)
     if shapes[0][2] <= 1:                      # decode needs no scratch: skip the arena
         with single_threaded_torch():
             _run(ins, [out, final], None)

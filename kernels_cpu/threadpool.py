@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from delegate.errors import DelegateError
+from delegate.shape_math import numel
 
 _local = threading.local()
 
@@ -152,6 +153,11 @@ class ScratchArena:
             self._buf = torch.empty(int(nbytes), dtype=torch.uint8)
         return self._buf[:nbytes]
 
+    def adopt(self, buf: torch.Tensor) -> torch.Tensor:
+        """Use buf (a uint8 buffer the caller allocated) as the arena; returns it."""
+        self._buf = buf
+        return buf
+
     def release(self) -> None:
         self._buf = torch.empty(0, dtype=torch.uint8)
 
@@ -166,8 +172,5 @@ def worker_slices(scratch: torch.Tensor, workers: int, per_worker: int) -> list[
 
 def typed(buf: torch.Tensor, dtype: torch.dtype, shape) -> torch.Tensor:
     """View the front of a uint8 buffer as a contiguous tensor of dtype and shape."""
-    n = 1
-    for s in shape:
-        n *= int(s)
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel(shape) * dtype.itemsize
     return buf[:nbytes].view(dtype).view(tuple(shape))

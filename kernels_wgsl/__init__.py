@@ -27,6 +27,7 @@ from typing import Callable
 
 from delegate.errors import UnknownOperatorError
 from delegate.plugins import import_families
+from delegate.shape_math import numel  # noqa: F401  (re-exported for the builders)
 
 _DIR = Path(__file__).parent
 _NOT_FAMILIES = ("device",)
@@ -43,6 +44,11 @@ class Dispatch:
     constants: tuple = ()  # ((override name, value), ...) pipeline-overridable constants
     label: str = ""        # kernel name for profiles; defaults to the entry point
     prelude: str = ""      # WGSL put before the file: `enable`s and aliases picking a variant
+    # Scratch operands, numbered after the outputs (operand len(ins) + len(outs) + j): the
+    # bytes scratch j needs at the upper-bound shapes. The executor gives a node one buffer per
+    # j, sized for the largest request among its dispatches; its contents live only between
+    # that node's dispatches. Builders use it only when BuildInfo.scratch says it is bound.
+    scratch: tuple = ()
 
     def kinds(self) -> tuple:
         return ("uniform",) + tuple("rw" if a in self.writes else "read" for a in self.args)
@@ -53,6 +59,7 @@ class BuildInfo:
     """What a builder may know besides shapes and attributes."""
     gpu: object            # kernels_wgsl.device.GpuDevice (features: has_f16, limits)
     in_dtypes: tuple       # torch dtype per input (None where absent), as the graph declares
+    scratch: bool = False  # the executor binds Dispatch.scratch operands
 
 
 @dataclass(frozen=True)
@@ -143,13 +150,6 @@ def padded(seq, n: int = MAX_RANK, fill: int = 0) -> list:
 
         raise UnsupportedError(f"tensor rank: expected at most {n}, got {len(seq)}")
     return seq + [fill] * (n - len(seq))
-
-
-def numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def contiguous_strides(shape) -> list:

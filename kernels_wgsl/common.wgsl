@@ -21,3 +21,36 @@ fn strided_offset(i: u32, rank: u32, shape: array<vec4<u32>, 2>, strides: array<
     }
     return off;
 }
+
+// IEEE special values and tests on the bits: WGSL lets compilers assume no NaN or Inf in
+// float arithmetic (so `x != x` may fold to false) and lets max/min/clamp drop a NaN operand,
+// while torch propagates NaN. Kernels whose torch op propagates it say so with these.
+fn f32_nan() -> f32 {
+    return bitcast<f32>(0x7fc00000u);
+}
+
+fn f32_inf() -> f32 {
+    return bitcast<f32>(0x7f800000u);
+}
+
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+fn is_inf(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u;
+}
+
+// r, unless x is NaN: then x itself (its payload and sign), as torch's NaN-propagating ops do.
+fn keep_nan(r: f32, x: f32) -> f32 {
+    return select(r, x, is_nan(x));
+}
+
+// max and min that return a NaN operand (torch.maximum / torch.minimum semantics).
+fn max_nan(a: f32, b: f32) -> f32 {
+    return keep_nan(keep_nan(max(a, b), b), a);
+}
+
+fn min_nan(a: f32, b: f32) -> f32 {
+    return keep_nan(keep_nan(min(a, b), b), a);
+}

@@ -2,17 +2,38 @@
 
 A binary op reads both operands through element strides (zero along broadcast dims), so one
 pass covers every broadcast; a scalar operand travels in the params and binds nothing.
+
+The op codes come from one table here: `PRELUDE` declares them to the shader as
+`const OP_<NAME>: u32`, its switch names them, and each dispatch picks one as the OP override.
 """
 from __future__ import annotations
+
+import math
 
 from kernels_wgsl import (Dispatch, broadcast_strides, groups, numel,
                           padded, register_wgsl, words)
 
 WG = 256
-BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3}
-UNARY = {"neg": 0, "exp": 1, "sigmoid": 2, "relu": 3, "tanh": 4, "rsqrt": 5, "silu": 6,
-         "gelu": 7, "pow": 9}
-GELU_TANH = 8
+BINARY = ("add", "sub", "mul", "div")
+
+
+def _bound(value, default: float) -> float:
+    return default if value is None else float(value)
+
+
+# unary op -> its scalars s0..s2 from the attributes (None: it has none)
+UNARY = {
+    "neg": None, "exp": None, "sigmoid": None, "relu": None, "tanh": None, "rsqrt": None,
+    "silu": None, "gelu": None, "abs": None, "sqrt": None, "log": None, "ceil": None,
+    "floor": None, "hardswish": None, "hardsigmoid": None, "sin": None, "cos": None,
+    "pow": lambda a: (float(a["exponent"]),),
+    "clamp": lambda a: (_bound(a.get("min"), -math.inf), _bound(a.get("max"), math.inf)),
+    "leaky_relu": lambda a: (float(a["negative_slope"]),),
+    "elu": lambda a: (float(a["alpha"]), float(a["scale"]), float(a["input_scale"])),
+}
+VARIANTS = ("gelu_tanh",)   # codes with no op of their own: gelu(approximate="tanh")
+CODES = {name: code for code, name in enumerate(BINARY + tuple(UNARY) + VARIANTS)}
+PRELUDE = "\n".join(f"const OP_{name.upper()}: u32 = {code}u;" for name, code in CODES.items())
 
 
 def _binary_builder(name: str):
@@ -29,22 +50,27 @@ def _binary_builder(name: str):
                     groups(numel(out), WG))
 
         return [Dispatch("elementwise", "binary", (0, 1, 2), (2,), sizes,
-                         (("OP", BINARY[name]), ("HAS_B", int(has_b))), label=name)]
+                         (("OP", CODES[name]), ("HAS_B", int(has_b))), label=name,
+                         prelude=PRELUDE)]
 
     return build
 
 
 def _unary_builder(name: str):
+    scalars = UNARY[name]
+
     def build(ins, outs, attrs, info):
-        code = UNARY[name]
+        code = CODES[name]
         if name == "gelu" and attrs.get("approximate", "none") == "tanh":
-            code = GELU_TANH
+            code = CODES["gelu_tanh"]
 
         def sizes(ins, outs, attrs):
             n = numel(outs[0])
-            return words(n, float(attrs.get("exponent") or 0.0)), groups(n, WG)
+            s = scalars(attrs) if scalars else ()
+            return words(n, *padded(s, 3, 0.0)), groups(n, WG)
 
-        return [Dispatch("elementwise", "unary", (0, 1), (1,), sizes, (("OP", code),), label=name)]
+        return [Dispatch("elementwise", "unary", (0, 1), (1,), sizes, (("OP", code),),
+                         label=name, prelude=PRELUDE)]
 
     return build
 

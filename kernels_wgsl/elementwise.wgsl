@@ -1,5 +1,11 @@
 // Elementwise ops. OP (an override constant) picks the function, so each op compiles to its
-// own specialised pipeline from this one source.
+// own specialised pipeline from this one source. The OP_<NAME> codes are `const`s that
+// kernels_wgsl/elementwise.py generates into the prelude from its op table.
+//
+// NaN and Inf follow torch's CPU kernels: an op torch computes with NaN-propagating
+// max/min/comparisons says so explicitly (keep_nan, max_nan in common.wgsl), and the builtins
+// whose result WGSL leaves undefined at 0, < 0 or Inf (inverseSqrt, sqrt, log, pow, sin) get
+// those points written out.
 
 override OP: u32 = 0u;
 override HAS_B: bool = true;   // false: the second operand is the scalar p.other
@@ -14,9 +20,13 @@ struct BinaryParams {
     b_strides: array<vec4<u32>, 2>,
 }
 
+// s0..s2: the op's scalars, as elementwise.py's table packs them (pow: exponent;
+// clamp: min, max; leaky_relu: slope; elu: alpha, scale, input_scale).
 struct UnaryParams {
     n: u32,
-    exponent: f32,
+    s0: f32,
+    s1: f32,
+    s2: f32,
 }
 
 @group(0) @binding(0) var<uniform> bp: BinaryParams;
@@ -39,9 +49,9 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     var r: f32;
     switch OP {
-        case 0u: { r = x + bp.alpha * y; }
-        case 1u: { r = x - bp.alpha * y; }
-        case 2u: { r = x * y; }
+        case OP_ADD: { r = x + bp.alpha * y; }
+        case OP_SUB: { r = x - bp.alpha * y; }
+        case OP_MUL: { r = x * y; }
         default: { r = x / y; }
     }
     out[i] = r;
@@ -51,10 +61,19 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 @group(0) @binding(1) var<storage, read> ux: array<f32>;
 @group(0) @binding(2) var<storage, read_write> uout: array<f32>;
 
+fn sign_bit(x: f32) -> bool {
+    return (bitcast<u32>(x) >> 31u) == 1u;
+}
+
+// +Inf, or -Inf when `negative`.
+fn signed_inf(negative: bool) -> f32 {
+    return select(f32_inf(), -f32_inf(), negative);
+}
+
 // tanh as 1 - 2/(e^{2|x|} + 1) overflows nowhere (a naive (e^2x-1)/(e^2x+1) gives inf/inf).
 fn safe_tanh(x: f32) -> f32 {
     let e = exp(-2.0 * abs(x));
-    return sign(x) * (1.0 - e) / (1.0 + e);
+    return keep_nan(sign(x) * (1.0 - e) / (1.0 + e), x);
 }
 
 fn sigmoid(x: f32) -> f32 {
@@ -66,28 +85,127 @@ fn erf_as(x: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.3275911 * abs(x));
     let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
                + t * (-1.453152027 + t * 1.061405429))));
-    return sign(x) * (1.0 - poly * exp(-x * x));
+    return keep_nan(sign(x) * (1.0 - poly * exp(-x * x)), x);
 }
 
-// x^e for a scalar e; WGSL pow is undefined for x < 0, so odd/even integer e take the sign.
+// Exact gelu. torch's vectorized float32 kernel, which every tensor of more than one element
+// takes, gives NaN at +Inf (its scalar and float64 paths give +Inf); we match the vectorized one.
+fn gelu_erf(x: f32) -> f32 {
+    let r = 0.5 * x * (1.0 + erf_as(x * 0.70710678118654752));
+    return select(r, f32_nan(), x == f32_inf());
+}
+
+// e^u - 1 without the cancellation of exp(u) - 1 near 0 (4 Taylor terms, error < 1e-10 there).
+fn expm1(u: f32) -> f32 {
+    let taylor = u * (1.0 + u * (0.5 + u * (0.16666667 + u * 0.041666668)));
+    return select(exp(u) - 1.0, taylor, abs(u) < 1e-2);
+}
+
+// 1/sqrt(x), sqrt(x) and ln(x) with IEEE's special points; WGSL leaves x <= 0 undefined.
+fn rsqrt_ieee(x: f32) -> f32 {
+    var r = select(inverseSqrt(x), 0.0, x == f32_inf());
+    r = select(r, signed_inf(sign_bit(x)), x == 0.0);
+    return keep_nan(select(r, f32_nan(), x < 0.0), x);
+}
+
+fn sqrt_ieee(x: f32) -> f32 {
+    let r = select(sqrt(x), x, x == 0.0 || x == f32_inf());   // keeps -0 as -0
+    return keep_nan(select(r, f32_nan(), x < 0.0), x);
+}
+
+fn log_ieee(x: f32) -> f32 {
+    var r = select(log(x), f32_inf(), x == f32_inf());
+    r = select(r, -f32_inf(), x == 0.0);
+    return keep_nan(select(r, f32_nan(), x < 0.0), x);
+}
+
+// x^e for a scalar e, as torch: e of 0.5 and -0.5 are sqrt and rsqrt (so a negative base, -Inf
+// too, gives NaN); otherwise C's pow: e == 0 gives 1 even for NaN, a base of ±0 or ±Inf gives 0
+// or Inf by the sign of e, a negative base takes the sign of an odd integer e and gives NaN for
+// a non-integer one. WGSL's pow is defined only for x > 0, so it sees only |x|.
 fn pow_scalar(x: f32, e: f32) -> f32 {
-    if (e == 2.0) {
-        return x * x;
-    }
-    if (e == 1.0) {
-        return x;
+    if (e == 0.0) {
+        return 1.0;
     }
     if (e == 0.5) {
-        return sqrt(x);
+        return sqrt_ieee(x);
     }
-    let m = pow(abs(x), e);
-    if (x >= 0.0) {
+    if (e == -0.5) {
+        return rsqrt_ieee(x);
+    }
+    if (e == 1.0 || is_nan(x)) {
+        return x;
+    }
+    let ax = abs(x);
+    var m = pow(ax, e);
+    if (ax == 0.0 || ax == f32_inf()) {
+        m = select(0.0, f32_inf(), (ax == 0.0) == (e < 0.0));
+    } else if (e == 2.0) {
+        m = ax * ax;
+    }
+    if (!sign_bit(x)) {
         return m;
     }
     if (e != floor(e)) {
-        return bitcast<f32>(0x7fc00000u);   // NaN, as torch gives
+        return select(f32_nan(), m, ax == 0.0 || ax == f32_inf());
     }
-    return select(m, -m, (i32(e) & 1) == 1);
+    let odd = abs(e) < 16777216.0 && (i32(e) & 1) == 1;
+    return select(m, -m, odd);
+}
+
+// clamp with torch's order min(max(x, lo), hi); absent bounds arrive as -Inf / +Inf, and a NaN
+// x or bound gives NaN.
+fn clamp_nan(x: f32, lo: f32, hi: f32) -> f32 {
+    return min_nan(max_nan(x, lo), hi);
+}
+
+// sin and cos after a Cody-Waite reduction into [-pi, pi], where WGSL bounds their error:
+// 2*pi = C1 + C2 + C3 with C1 (8 bits) and C2 (12 bits) short enough that k*C1 and k*C2 are
+// exact for |x| below about 2.5e4; beyond that the input's own rounding dominates.
+fn reduce_angle(x: f32) -> f32 {
+    let k = round(x * 0.15915494);
+    return ((x - k * 6.28125) - k * 0.0019354820251464844) - k * -1.7484555314695172e-07;
+}
+
+fn sin_ieee(x: f32) -> f32 {
+    return select(sin(reduce_angle(x)), f32_nan(), is_nan(x) || is_inf(x));
+}
+
+fn cos_ieee(x: f32) -> f32 {
+    return select(cos(reduce_angle(x)), f32_nan(), is_nan(x) || is_inf(x));
+}
+
+fn unary_op(x: f32) -> f32 {
+    switch OP {
+        case OP_NEG: { return -x; }
+        case OP_EXP: { return exp(x); }
+        case OP_SIGMOID: { return sigmoid(x); }
+        // torch relu is clamp_min(x, 0): NaN stays NaN and -0 stays -0
+        case OP_RELU: { return keep_nan(select(x, 0.0, x < 0.0), x); }
+        case OP_TANH: { return safe_tanh(x); }
+        case OP_RSQRT: { return rsqrt_ieee(x); }
+        case OP_SILU: { return x * sigmoid(x); }
+        case OP_GELU: { return gelu_erf(x); }
+        case OP_GELU_TANH: {
+            return 0.5 * x * (1.0 + safe_tanh(0.79788456080286536 * (x + 0.044715 * x * x * x)));
+        }
+        case OP_POW: { return pow_scalar(x, up.s0); }
+        case OP_ABS: { return abs(x); }
+        case OP_SQRT: { return sqrt_ieee(x); }
+        case OP_LOG: { return log_ieee(x); }
+        case OP_CEIL: { return keep_nan(ceil(x), x); }
+        case OP_FLOOR: { return keep_nan(floor(x), x); }
+        case OP_CLAMP: { return clamp_nan(x, up.s0, up.s1); }
+        // torch: x > 0 ? x : x * slope (so NaN and 0 * -Inf give NaN)
+        case OP_LEAKY_RELU: { return select(x * up.s0, x, x > 0.0); }
+        // torch: x > 0 ? x * scale : alpha * scale * expm1(x * input_scale)
+        case OP_ELU: { return select(up.s0 * up.s1 * expm1(x * up.s2), x * up.s1, x > 0.0); }
+        // torch: x * clamp(x + 3, 0, 6) / 6 (so -Inf gives -Inf * 0 = NaN, as there)
+        case OP_HARDSWISH: { return x * clamp_nan(x + 3.0, 0.0, 6.0) / 6.0; }
+        case OP_HARDSIGMOID: { return clamp_nan(x + 3.0, 0.0, 6.0) / 6.0; }
+        case OP_SIN: { return sin_ieee(x); }
+        default: { return cos_ieee(x); }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -97,19 +215,5 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if (i >= up.n) {
         return;
     }
-    let x = ux[i];
-    var r: f32;
-    switch OP {
-        case 0u: { r = -x; }
-        case 1u: { r = exp(x); }
-        case 2u: { r = sigmoid(x); }
-        case 3u: { r = max(x, 0.0); }
-        case 4u: { r = safe_tanh(x); }
-        case 5u: { r = inverseSqrt(x); }
-        case 6u: { r = x * sigmoid(x); }
-        case 7u: { r = 0.5 * x * (1.0 + erf_as(x * 0.70710678118654752)); }
-        case 8u: { r = 0.5 * x * (1.0 + safe_tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))); }
-        default: { r = pow_scalar(x, up.exponent); }
-    }
-    uout[i] = r;
+    uout[i] = unary_op(ux[i]);
 }

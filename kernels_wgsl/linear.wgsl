@@ -84,6 +84,11 @@ fn steel_gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     store_row(acc3, bb, m0 + lid3.y + 48u, n0 + lid3.x);
 }
 
+// alpha * product; alpha == 0 drops the product, its NaN and Inf too, as BLAS (so torch) does.
+fn scaled_product(acc: f32) -> f32 {
+    return select(p.alpha * acc, 0.0, p.alpha == 0.0);
+}
+
 // Row gm of a thread's 4x4 block: columns gn, gn + 16, gn + 32, gn + 48.
 fn store_row(row: vec4<f32>, bb: u32, gm: u32, gn: u32) {
     if (gm >= p.m) {
@@ -92,7 +97,7 @@ fn store_row(row: vec4<f32>, bb: u32, gm: u32, gn: u32) {
     for (var j = 0u; j < 4u; j = j + 1u) {
         let n = gn + 16u * j;
         if (n < p.n) {
-            var r = p.alpha * row[j];
+            var r = scaled_product(row[j]);
             if (HAS_BIAS) {
                 r = r + p.beta * bias[bb * p.bias_sb + gm * p.bias_sm + n * p.bias_sn];
             }
@@ -140,7 +145,7 @@ fn coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         workgroupBarrier();
     }
     if (t < COLS && n0 + t < p.n) {
-        var r = p.alpha * partial[t * LANES];
+        var r = scaled_product(partial[t * LANES]);
         if (HAS_BIAS) {
             r = r + p.beta * bias[bb * p.bias_sb + (n0 + t) * p.bias_sn];
         }

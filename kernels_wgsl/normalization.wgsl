@@ -37,6 +37,12 @@ fn sum_all(v: f32, lid: u32) -> f32 {
     return r;
 }
 
+// 1/sqrt(ms) with IEEE's ends written out (WGSL leaves inverseSqrt of Inf and NaN undefined):
+// a row holding Inf gives 0 (so its finite elements give 0, the Inf NaN, as torch), NaN stays.
+fn rsqrt_of(ms: f32) -> f32 {
+    return keep_nan(select(inverseSqrt(ms), 0.0, is_inf(ms)), ms);
+}
+
 fn scaled(v: f32, i: u32) -> f32 {
     var r = v;
     if (HAS_WEIGHT) {
@@ -60,7 +66,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     for (var i = lid; i < p.d; i = i + WG) {
         ss = ss + x[base + i] * x[base + i];
     }
-    let r = inverseSqrt(sum_all(ss, lid) / f32(p.d) + p.eps);
+    let r = rsqrt_of(sum_all(ss, lid) / f32(p.d) + p.eps);
     for (var i = lid; i < p.d; i = i + WG) {
         out[base + i] = scaled(x[base + i] * r, i);
     }
@@ -84,12 +90,14 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         let c = x[base + i] - mean;
         v = v + c * c;
     }
-    let rstd = inverseSqrt(sum_all(v, lid) / f32(p.d) + p.eps);
+    let var_sum = sum_all(v, lid);
+    let rstd = rsqrt_of(var_sum / f32(p.d) + p.eps);
     for (var i = lid; i < p.d; i = i + WG) {
         out[base + i] = scaled((x[base + i] - mean) * rstd, i);
     }
     if (STATS && lid == 0u) {
-        mean_out[row] = mean;
+        // torch's Welford mean of a row holding Inf or NaN is NaN, as the variance is
+        mean_out[row] = select(mean, f32_nan(), is_nan(var_sum));
         rstd_out[row] = rstd;
     }
 }

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from kernels_wgsl import (Dispatch, broadcast_strides, contiguous_strides, groups, numel,
                           padded, register_wgsl, words)
-from delegate.ops._common import norm_dim
-from delegate.ops.shape import slice_bounds
+from delegate.shape_math import norm_dim, slice_bounds
 
 WG = 256
 

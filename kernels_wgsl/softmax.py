@@ -1,7 +1,7 @@
 """Softmax (softmax.wgsl): one workgroup per row along `dim`, any dim, no transposes."""
 from __future__ import annotations
 
-from delegate.ops._common import norm_dim
+from delegate.shape_math import norm_dim
 from kernels_wgsl import Dispatch, numel, register_wgsl, words
 
 

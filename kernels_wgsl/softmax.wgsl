@@ -37,6 +37,8 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         return;
     }
     let base = (row / p.inner) * p.size * p.inner + row % p.inner;
+    // NaN needs no NaN-aware max here: a NaN (or the +Inf - +Inf of a row holding +Inf) reaches
+    // the sum through exp(x - m), so the whole row is NaN, as torch gives.
     var m = -3.4028235e38;
     for (var i = lid; i < p.size; i = i + WG) {
         m = max(m, x[base + i * p.inner]);

@@ -45,7 +45,7 @@ def test_bad_magic_raises_blob_error():
 
 def test_unknown_schema_version_raises_blob_error():
     data = blob.encode(_relu_graph())
-    with pytest.raises(BlobError, match="schema version: expected 1, got 7"):
+    with pytest.raises(BlobError, match="schema version: expected 2, got 7"):
         _init(data[:4] + (7).to_bytes(4, "little") + data[8:])
 
 
@@ -81,6 +81,7 @@ def test_missing_weight_bytes_raise_blob_error():
     g = _relu_graph("add")
     w = g.add_value(TensorValue(torch.float32, (3,), (3,), "etwgpu.w"))
     g.nodes[0].inputs.append(w)
+    g.nodes[0].attrs = {"other": None, "alpha": 1.0}
     with pytest.raises(BlobError, match="weight etwgpu.w: expected 12 bytes"):
         _init(g)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from delegate.errors import DelegateError
-from kernels_cpu.gated_delta_rule import gated_delta_rule
+from delegate.ops.gated_delta_rule import gated_delta_rule
 from kernels_cpu.threadpool import set_num_threads
 from tests.tolerances import tol
 

@@ -153,6 +153,10 @@ UNARY = {
     "elu-1.3": ({"alpha": 1.3, "scale": 1.1, "input_scale": 0.9},
                 lambda x: 1.1 * torch.where(x > 0, x, 1.3 * torch.expm1(0.9 * x)),
                 "transcendental", torch.randn),
+    "hardswish": ({}, F.hardswish, "elementwise", lambda s: torch.randn(s) * 4),
+    "hardsigmoid": ({}, F.hardsigmoid, "elementwise", lambda s: torch.randn(s) * 4),
+    "sin": ({}, torch.sin, "transcendental", lambda s: torch.randn(s) * 10),
+    "cos": ({}, torch.cos, "transcendental", lambda s: torch.randn(s) * 10),
 }
 
 

@@ -75,14 +75,57 @@ def test_binary_reads_a_weight_operand():
     check(run_wgsl("mul", [a, w], {"other": None}, consts={1})[0], a * w, "elementwise")
 
 
-@pytest.mark.parametrize("op, ref, family", [
-    ("neg", torch.neg, "elementwise"), ("relu", torch.relu, "elementwise"),
-    ("exp", torch.exp, "transcendental"), ("sigmoid", torch.sigmoid, "transcendental"),
-    ("tanh", torch.tanh, "transcendental"), ("silu", F.silu, "transcendental"),
-])
-def test_unary(op, ref, family):
-    x = rand(3, 5, 7) * 3
-    check(run_wgsl(op, [x], {})[0], ref(x), family)
+def positive(*shape):
+    return rand(*shape).abs() + 0.05
+
+
+def scaled(k):
+    return lambda *shape: rand(*shape) * k
+
+
+UNARY = {   # case (op, then "-" and a variant) -> (attrs, float64 reference, family, input maker)
+    "neg": ({}, torch.neg, "elementwise", scaled(3)),
+    "relu": ({}, torch.relu, "elementwise", scaled(3)),
+    "abs": ({}, torch.abs, "elementwise", scaled(3)),
+    "ceil": ({}, torch.ceil, "elementwise", scaled(5)),
+    "floor": ({}, torch.floor, "elementwise", scaled(5)),
+    "exp": ({}, torch.exp, "transcendental", scaled(3)),
+    "sigmoid": ({}, torch.sigmoid, "transcendental", scaled(3)),
+    "tanh": ({}, torch.tanh, "transcendental", scaled(3)),
+    "silu": ({}, F.silu, "transcendental", scaled(3)),
+    "sqrt": ({}, torch.sqrt, "transcendental", positive),
+    "log": ({}, torch.log, "transcendental", positive),
+    "sin": ({}, torch.sin, "transcendental", scaled(10)),
+    "cos": ({}, torch.cos, "transcendental", scaled(10)),
+    # rotary angles: positions times frequencies, far outside [-pi, pi]
+    "sin-large": ({}, torch.sin, "transcendental", scaled(3000)),
+    "cos-large": ({}, torch.cos, "transcendental", scaled(3000)),
+    "hardswish": ({}, F.hardswish, "elementwise", scaled(4)),
+    "hardsigmoid": ({}, F.hardsigmoid, "elementwise", scaled(4)),
+    "clamp-both": ({"min": -0.5, "max": 0.75}, lambda x: x.clamp(-0.5, 0.75), "elementwise",
+                   scaled(1)),
+    "clamp-min": ({"min": 0.1, "max": None}, lambda x: x.clamp(min=0.1), "elementwise",
+                  scaled(1)),
+    "clamp-max": ({"min": None, "max": -0.2}, lambda x: x.clamp(max=-0.2), "elementwise",
+                  scaled(1)),
+    "leaky_relu-0.2": ({"negative_slope": 0.2}, lambda x: F.leaky_relu(x, 0.2), "elementwise",
+                       scaled(3)),
+    "elu-1.3": ({"alpha": 1.3, "scale": 1.1, "input_scale": 0.9},
+                lambda x: 1.1 * torch.where(x > 0, x, 1.3 * torch.expm1(0.9 * x)),
+                "transcendental", scaled(3)),
+    # |x| < 1e-2: the Taylor branch of the kernel's expm1
+    "elu-small": ({"alpha": 1.0, "scale": 1.0, "input_scale": 1.0},
+                  lambda x: torch.where(x > 0, x, torch.expm1(x)), "transcendental",
+                  scaled(1e-3)),
+}
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7), (1, 64, 256)])
+@pytest.mark.parametrize("case", sorted(UNARY))
+def test_unary(case, shape):
+    attrs, ref, family, make = UNARY[case]
+    x = make(*shape).float().double()   # float32-exact, so the reference sees the kernel's input
+    check(run_wgsl(case.split("-")[0], [x], attrs)[0], ref(x), family)
 
 
 def test_tanh_and_sigmoid_saturate_without_nan():
@@ -278,7 +321,8 @@ def test_sdpa_grouped_query_heads():
 
 def test_every_core_op_has_a_wgsl_kernel():
     core = {"add", "sub", "mul", "div", "neg", "exp", "sigmoid", "relu", "tanh", "rsqrt",
-            "silu", "gelu", "pow", "linear", "mm", "bmm", "addmm", "softmax", "rms_norm",
+            "silu", "gelu", "pow", "abs", "sqrt", "log", "ceil", "floor", "clamp", "leaky_relu",
+            "elu", "hardswish", "hardsigmoid", "sin", "cos", "linear", "mm", "bmm", "addmm", "softmax", "rms_norm",
             "layer_norm", "view", "expand", "permute", "slice", "select", "cat", "split",
             "unsqueeze", "squeeze", "clone", "embedding", "sdpa"}
     assert {op for op in core if not kernels_wgsl.has_kernel(op)} == set()

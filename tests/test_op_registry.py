@@ -65,7 +65,8 @@ class Elementwise(nn.Module):
         c = F.silu(x) + F.relu(x) + F.gelu(x) + F.gelu(x, approximate="tanh") + torch.tanh(x)
         d = torch.abs(x) + torch.sqrt(y) + torch.log(y) + torch.ceil(x) + torch.floor(x)
         e = x.clamp(-1, 1) + x.clamp(min=0) + F.hardtanh(x) + F.leaky_relu(x, 0.2) + F.elu(x)
-        return a + b + c + d + e + torch.rsqrt(y) + x ** 2 + torch.pow(y, 0.5)
+        f = F.hardswish(x) + F.hardsigmoid(x) + torch.sin(x) + torch.cos(x)
+        return a + b + c + d + e + f + torch.rsqrt(y) + x ** 2 + torch.pow(y, 0.5)
 
 
 class Linear(nn.Module):

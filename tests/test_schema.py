@@ -34,7 +34,8 @@ def _graph() -> Graph:
     g.inputs, g.outputs, g.symbols = [x], [y], [SymbolBinding("s0", 0, 0)]
     attrs = {"none": None, "flag": True, "n": -3, "eps": 1e-5, "mode": "tanh",
              "end": SymExpr("2*s0"), "size": [SymExpr("s0"), -1, 4], "scales": [0.5, 2.0]}
-    g.nodes = [Node("linear", [x, w, -1], [y], attrs)]
+    # an op the registry does not declare, so the decoder leaves its attributes unchecked
+    g.nodes = [Node("example.every_attr_kind", [x, w, -1], [y], attrs, "linear_1")]
     return g
 
 
@@ -44,12 +45,14 @@ def test_blob_round_trip_keeps_every_field():
     assert back == g
     assert isinstance(back.nodes[0].attrs["end"], SymExpr)
     assert not isinstance(back.nodes[0].attrs["mode"], SymExpr)
+    assert back.nodes[0].name == "linear_1"
 
 
 @pytest.mark.parametrize("corrupt, message", [
     (lambda b: b"XXXX" + b[4:], "magic"),
     (lambda b: b[:4] + (99).to_bytes(4, "little") + b[8:], "schema version"),
-    (lambda b: b[:12] + b"ABCD" + b[16:], "file identifier"),
+    (lambda b: blob.frame(b[12:16] + b"ABCD" + b[20:]), "file identifier"),
+    (lambda b: b[:30] + bytes([b[30] ^ 1]) + b[31:], "CRC32"),
     (lambda b: b[:6], "at least"),
     (lambda b: b[:40], "expected"),
 ])

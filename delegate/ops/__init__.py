@@ -18,7 +18,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from delegate.errors import DelegateError, UnknownOperatorError
+from delegate.errors import DelegateError, UnknownOperatorError, expect
+from delegate.ir import SymExpr
 from delegate.plugins import import_families
 
 Shape = tuple  # tuple[int, ...]
@@ -46,6 +47,12 @@ class OpDef:
     # symbolic size, a weight dequantize becomes packed weights), so it is claimed only
     # together with all of its users.
     folded: bool = False
+    # Attribute name -> kind (ATTR_KINDS; a trailing "?" also allows None), exactly what the
+    # lowering emits; the blob decoder checks each node against it. None: not declared.
+    attrs: Optional[dict] = None
+    # (inputs, outputs) counts of an IR node, each an int, a (min, max) pair (max None: no
+    # upper bound) or None (any count). None: not declared.
+    arity: Optional[tuple] = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,57 @@ class PatternDef:
     match: Callable                # match(node) -> None when it matches, else why not
     lower: LowerFn
     doc: str = ""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_symint(v) -> bool:
+    return _is_int(v) or isinstance(v, SymExpr)
+
+
+# The attribute kinds a blob can carry, as the decoder sees them (blob._attr).
+ATTR_KINDS: dict[str, Callable] = {
+    "int": _is_int,
+    "float": lambda v: isinstance(v, float),
+    "number": lambda v: _is_int(v) or isinstance(v, float),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str) and not isinstance(v, SymExpr),
+    "symint": _is_symint,
+    "ints": lambda v: isinstance(v, list) and all(_is_int(e) for e in v),
+    "symints": lambda v: isinstance(v, list) and all(_is_symint(e) for e in v),
+    "floats": lambda v: isinstance(v, list) and all(isinstance(e, float) for e in v),
+}
+
+
+def attrs_mismatch(op: "OpDef", attrs: dict) -> Optional[str]:
+    """Why a node's attributes do not match the op's declaration (None when they do, or
+    when the op declares none): an unknown, missing or mistyped attribute."""
+    if op.attrs is None:
+        return None
+    unknown = sorted(set(attrs) - set(op.attrs))
+    missing = sorted(set(op.attrs) - set(attrs))
+    if unknown or missing:
+        return f"attributes {sorted(op.attrs)}, got unknown {unknown} and missing {missing}"
+    for name, kind in op.attrs.items():
+        v = attrs[name]
+        if not ((v is None and kind.endswith("?")) or ATTR_KINDS[kind.rstrip("?")](v)):
+            return f"attribute {name!r} of kind {kind}, got {type(v).__name__} {v!r}"
+    return None
+
+
+def arity_mismatch(op: "OpDef", n_inputs: int, n_outputs: int) -> Optional[str]:
+    """Why a node's input/output counts do not fit the op's declaration, else None."""
+    for what, want, got in zip(("inputs", "outputs"), op.arity or (None, None),
+                               (n_inputs, n_outputs)):
+        if want is None:
+            continue
+        lo, hi = want if isinstance(want, tuple) else (want, want)
+        if not (lo <= got and (hi is None or got <= hi)):
+            span = lo if lo == hi else f"at least {lo}" if hi is None else f"{lo} to {hi}"
+            return f"{span} {what}, got {got}"
+    return None
 
 
 _OPS: dict[str, OpDef] = {}
@@ -78,11 +136,18 @@ def register_op(
     keep: Sequence[str] = (),
     doc: str = "",
     folded: bool = False,
+    attrs: Optional[dict] = None,
+    arity: Optional[tuple] = None,
 ) -> OpDef:
-    """Declare an op. Raises DelegateError if the name or a target is already taken."""
+    """Declare an op. Raises DelegateError if the name or a target is already taken, or if
+    an attribute kind is unknown."""
     if name in _OPS:
         raise DelegateError(f"op {name!r}: expected a new name, got one already registered")
-    op = OpDef(name, tuple(targets), infer, lower, tuple(dtypes), check, tuple(keep), doc, folded)
+    for attr, kind in (attrs or {}).items():
+        expect(kind.rstrip("?") in ATTR_KINDS, DelegateError, f"op {name!r} attribute {attr!r}",
+               f"a kind in {sorted(ATTR_KINDS)}", repr(kind))
+    op = OpDef(name, tuple(targets), infer, lower, tuple(dtypes), check, tuple(keep), doc, folded,
+               None if attrs is None else dict(attrs), arity)
     for t in op.targets:
         if t in _BY_TARGET:
             raise DelegateError(

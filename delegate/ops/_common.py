@@ -2,9 +2,32 @@
 wrapping, broadcasting, numel), and the support checks on a node's tensor arguments."""
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
+
 import torch
 
 from delegate.errors import DelegateError, expect
+from delegate.shape_math import norm_dim, numel  # noqa: F401  (the op families use them)
+
+
+_CLAIMING_FOR: contextvars.ContextVar = contextvars.ContextVar("etwgpu_claiming_for", default=None)
+
+
+@contextmanager
+def claiming_for(device: str):
+    """While the partitioner asks a check about a node: the device it claims nodes for."""
+    token = _CLAIMING_FOR.set(device)
+    try:
+        yield
+    finally:
+        _CLAIMING_FOR.reset(token)
+
+
+def claiming_device() -> "str | None":
+    """"webgpu" or "cpu" inside the partitioner's support check, None elsewhere. A check uses
+    it only for a limit of one device's kernel (the WGSL SDPA's head dims)."""
+    return _CLAIMING_FOR.get()
 
 
 def arg(node, index: int, name: str, default=None):
@@ -12,22 +35,6 @@ def arg(node, index: int, name: str, default=None):
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
-
-
-def norm_dim(d: int, ndim: int, what: str = "dim", scalar_ok: bool = False) -> int:
-    """Torch's dim wrapping; with scalar_ok a 0-d tensor accepts dims 0 and -1 (softmax,
-    squeeze), otherwise indexing a dim needs rank >= 1."""
-    expect(ndim >= 1 or scalar_ok, DelegateError, what, "a tensor of rank >= 1", "rank 0")
-    n = max(ndim, 1)
-    expect(-n <= d < n, DelegateError, what, f"a dim in [{-n}, {n})", d)
-    return d % n
-
-
-def numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def broadcast(*shapes) -> tuple:

@@ -11,7 +11,7 @@ import torch
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops._common import arg, broadcast, one_input
+from delegate.ops._common import arg, broadcast, claiming_device, one_input
 
 _MASK_DTYPES = (torch.bool, torch.float32)
 
@@ -57,9 +57,20 @@ def _check_sdpa(node):
         return f"attn_mask: expected bool or float32, got {mask.meta['val'].dtype}"
     if mask is not None and arg(node, 5, "is_causal", False):
         return "attn_mask with is_causal: expected one of them, got both"
+    return _webgpu_head_dims(node) if claiming_device() == "webgpu" else None
+
+
+def _webgpu_head_dims(node):
+    """The WGSL kernel's head-dim limit; a blob claimed for cpu runs any head dim there."""
+    from kernels_wgsl.attention import MAX_HEAD
+
+    dims = (node.args[0].meta["val"].shape[-1], node.args[2].meta["val"].shape[-1])
+    if not all(isinstance(d, int) and d <= MAX_HEAD for d in dims):
+        return f"head dims on webgpu: expected static sizes of at most {MAX_HEAD}, got {dims}"
     return None
 
 
 register_op("sdpa", ("aten.scaled_dot_product_attention.default",), _infer_sdpa, _lower_sdpa,
             check=_check_sdpa, keep=("aten.scaled_dot_product_attention.default",),
-            doc="softmax(q k^T * scale + mask) v; causal, masks, GQA; no dropout")
+            doc="softmax(q k^T * scale + mask) v; causal, masks, GQA; no dropout",
+            attrs={"is_causal": "bool", "scale": "float?", "enable_gqa": "bool"}, arity=(4, 1))

@@ -90,26 +90,39 @@ for _name, _targets, _alpha in (
              "aten.div.Scalar_mode"), False),
 ):
     register_op(_name, _targets, _infer_binary, _binary_lower(_name, _alpha), check=_binary_check,
+                attrs={"other": "float?", **({"alpha": "float"} if _alpha else {})}, arity=(2, 1),
                 doc=f"{_name} with broadcasting; scalar operand as attribute `other`"
                     + (", times alpha" if _alpha else ""))
 
 for _name, _doc in (
     ("neg", "-x"), ("exp", "e^x"), ("sigmoid", "1 / (1 + e^-x)"), ("relu", "max(x, 0)"),
     ("tanh", "tanh(x)"), ("rsqrt", "1 / sqrt(x)"), ("abs", "|x|"), ("sqrt", "sqrt(x)"),
-    ("log", "ln(x)"), ("ceil", "ceil(x)"), ("floor", "floor(x)"),
+    ("log", "ln(x)"), ("ceil", "ceil(x)"), ("floor", "floor(x)"), ("sin", "sin(x)"),
+    ("cos", "cos(x)"),
 ):
     register_op(_name, (f"aten.{_name}.default",), _infer_unary, _unary_lower(_name),
-                check=float_inputs, doc=_doc)
+                check=float_inputs, doc=_doc, attrs={}, arity=(1, 1))
 
 # silu is kept whole so a SwiGLU gate stays one op (edge would split it into sigmoid * x)
 register_op("silu", ("aten.silu.default",), _infer_unary, _unary_lower("silu"),
-            check=float_dtypes, keep=("aten.silu.default",), doc="x * sigmoid(x)")
+            check=float_dtypes, keep=("aten.silu.default",), doc="x * sigmoid(x)",
+            attrs={}, arity=(1, 1))
+# kept whole: edge would decompose each into add, clamp, mul and div with lifted constants
+register_op("hardswish", ("aten.hardswish.default",), _infer_unary, _unary_lower("hardswish"),
+            check=float_dtypes, keep=("aten.hardswish.default",),
+            doc="x * clamp(x + 3, 0, 6) / 6", attrs={}, arity=(1, 1))
+register_op("hardsigmoid", ("aten.hardsigmoid.default",), _infer_unary,
+            _unary_lower("hardsigmoid"), check=float_dtypes,
+            keep=("aten.hardsigmoid.default",), doc="clamp(x + 3, 0, 6) / 6", attrs={},
+            arity=(1, 1))
 register_op("gelu", ("aten.gelu.default",), _infer_unary,
             _unary_lower("gelu", {"approximate": (1, "approximate", "none")}), check=_check_gelu,
-            doc="gelu, exact (erf) or tanh approximation")
+            doc="gelu, exact (erf) or tanh approximation", attrs={"approximate": "str"},
+            arity=(1, 1))
 register_op("pow", ("aten.pow.Tensor_Scalar",), _infer_unary,
             _unary_lower("pow", {"exponent": (1, "exponent", None)}), check=_check_pow,
-            doc="x ** exponent for a scalar exponent")
+            doc="x ** exponent for a scalar exponent", attrs={"exponent": "number"},
+            arity=(1, 1))
 
 
 def _bound(x):
@@ -151,14 +164,17 @@ def _check_numbers(*params):
     return check
 
 
-# hardtanh is clamp with other defaults; hardswish and hardsigmoid decompose into clamp.
+# hardtanh is clamp with other defaults (relu6 reaches edge as hardtanh(0, 6)).
 register_op("clamp", ("aten.clamp.default", "aten.hardtanh.default"), _infer_unary,
-            _lower_clamp, check=_check_clamp, doc="min(max(x, min), max); either bound optional")
+            _lower_clamp, check=_check_clamp, doc="min(max(x, min), max); either bound optional",
+            attrs={"min": "float?", "max": "float?"}, arity=(1, 1))
 register_op("leaky_relu", ("aten.leaky_relu.default",), _infer_unary,
             _unary_lower("leaky_relu", {"negative_slope": (1, "negative_slope", 0.01)}),
-            check=_check_numbers((1, "negative_slope")), doc="x if x > 0 else slope * x")
+            check=_check_numbers((1, "negative_slope")), doc="x if x > 0 else slope * x",
+            attrs={"negative_slope": "number"}, arity=(1, 1))
 register_op("elu", ("aten.elu.default",), _infer_unary,
             _unary_lower("elu", {"alpha": (1, "alpha", 1.0), "scale": (2, "scale", 1.0),
                                  "input_scale": (3, "input_scale", 1.0)}),
             check=_check_numbers((1, "alpha"), (2, "scale"), (3, "input_scale")),
-            doc="scale * (x if x > 0 else alpha * (e^(input_scale * x) - 1))")
+            doc="scale * (x if x > 0 else alpha * (e^(input_scale * x) - 1))",
+            attrs={"alpha": "number", "scale": "number", "input_scale": "number"}, arity=(1, 1))

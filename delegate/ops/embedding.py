@@ -31,4 +31,5 @@ def _check_embedding(node):
 
 
 register_op("embedding", ("aten.embedding.default",), _infer_embedding, _lower_embedding,
-            check=_check_embedding, doc="out[..., :] = weight[indices[...], :]")
+            check=_check_embedding, doc="out[..., :] = weight[indices[...], :]",
+            attrs={}, arity=(2, 1))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from delegate.errors import DelegateError, expect
+from delegate.errors import DelegateError, InputError, expect
 from delegate.ops import register_op
 
 ARG_NAMES = ("query", "key", "value", "decay", "beta", "initial_state")
@@ -89,4 +89,20 @@ register_op(
     lower=_lower,
     check=_check,
     doc="GatedDeltaNet recurrence; T == 1 recurrent decode, T != 1 chunked WY prefill",
+    attrs={},
+    arity=(6, 2),
 )
+
+
+def gated_delta_rule(query, key, value, decay, beta, initial_state):
+    """Eager entry for tests and benchmarks: validate as the registry does, allocate the
+    outputs, run the CPU kernel. Returns (out, final_state)."""
+    from kernels_cpu.gated_delta_rule import run_into
+
+    ins = [query, key, value, decay, beta, initial_state]
+    for name, t in zip(ARG_NAMES, ins):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name}: expected a tensor, got {type(t).__name__}")
+    check_dtypes([t.dtype for t in ins])
+    out_shape, state_shape = infer_shapes([tuple(t.shape) for t in ins])
+    return run_into(ins, torch.empty(out_shape), torch.empty(state_shape))

@@ -89,13 +89,15 @@ def _check_addmm(node):
 
 
 register_op("linear", ("aten.linear.default",), _infer_linear, _lower_linear,
-            check=float_dtypes, keep=("aten.linear.default",), doc="x @ W^T + b, W stored [N, K]; bias optional")
+            check=float_dtypes, keep=("aten.linear.default",), doc="x @ W^T + b, W stored [N, K]; bias optional",
+            attrs={}, arity=(3, 1))
 register_op("mm", ("aten.mm.default",), _infer_mm, _lower_mm("mm"), check=float_inputs,
-            doc="[M, K] @ [K, N]")
+            doc="[M, K] @ [K, N]", attrs={}, arity=(2, 1))
 register_op("bmm", ("aten.bmm.default",), _infer_bmm, _lower_mm("bmm"), check=float_inputs,
-            doc="[B, M, K] @ [B, K, N]")
+            doc="[B, M, K] @ [B, K, N]", attrs={}, arity=(2, 1))
 register_op("addmm", ("aten.addmm.default",), _infer_addmm, _lower_addmm, check=_check_addmm,
-            doc="beta * bias + alpha * (a @ b), bias broadcast to [M, N]")
+            doc="beta * bias + alpha * (a @ b), bias broadcast to [M, N]",
+            attrs={"beta": "float", "alpha": "float"}, arity=(3, 1))
 
 
 _CONV_ATTRS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
@@ -149,4 +151,6 @@ def _lower_conv(ctx, node):
 
 
 register_op("convolution", ("aten.convolution.default",), _infer_conv, _lower_conv,
-            check=_check_conv, doc="1-D / 2-D convolution, plain or transposed, grouped")
+            check=_check_conv, doc="1-D / 2-D convolution, plain or transposed, grouped",
+            attrs={"stride": "ints", "padding": "ints", "dilation": "ints", "transposed": "bool",
+                   "output_padding": "ints", "groups": "int"}, arity=(3, 1))

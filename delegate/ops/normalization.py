@@ -65,8 +65,11 @@ def _lower_layer_norm(ctx, node):
 
 register_op("rms_norm", ("aten.rms_norm.default",), _infer_rms_norm, _lower_rms_norm,
             check=float_dtypes, keep=("aten.rms_norm.default",),
-            doc="x / sqrt(mean(x^2) + eps) * w; eps None means finfo(float32).eps")
+            doc="x / sqrt(mean(x^2) + eps) * w; eps None means finfo(float32).eps",
+            attrs={"normalized_shape": "symints", "eps": "float?"}, arity=(2, 1))
 register_op("layer_norm", ("aten.layer_norm.default", "aten.native_layer_norm.default"),
             _infer_layer_norm, _lower_layer_norm, check=float_dtypes,
             keep=("aten.layer_norm.default",),
-            doc="(x - mean) / sqrt(var + eps) * w + b; native form also returns mean, rstd")
+            doc="(x - mean) / sqrt(var + eps) * w + b; native form also returns mean, rstd",
+            attrs={"normalized_shape": "symints", "eps": "float", "stats": "bool"},
+            arity=(3, (1, 3)))

@@ -175,9 +175,10 @@ def _infer_dequantize(in_shapes, attrs):
 
 
 register_op("linear_q4gsw", (), _infer_linear, _lower_linear,
-            doc="x @ dequant(W)^T + b; W packed 4-bit [N, K/2], fp32 scales per group of K")
+            doc="x @ dequant(W)^T + b; W packed 4-bit [N, K/2], fp32 scales per group of K",
+            attrs={"group_size": "int", "K": "int", "N": "int"}, arity=(4, 1))
 register_op("dequantize_affine_q4", (DEQUANTIZE,), _infer_dequantize, _lower_nothing,
-            check=_check_dequantize, folded=True,
+            check=_check_dequantize, folded=True, attrs={}, arity=(0, 0),
             doc="torchao int4 per-group dequantize; folded into the linear_q4gsw that reads it")
 register_pattern("linear_q4gsw", LINEAR, _match_linear, _lower_linear,
                  doc="torchao.dequantize_affine (int4, [1, gs], zero points 0) -> aten.linear")

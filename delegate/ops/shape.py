@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 
 from delegate.errors import DelegateError, expect
-from delegate.ops import register_op, target_name
+from delegate.ops import constant_value, register_op, target_name
+from delegate.shape_math import slice_bounds
 from delegate.ops._common import arg, float_inputs, norm_dim, numel, one_input
 
-_INT_MAX = 2 ** 63 - 1
 
 
 # ---- view / expand -------------------------------------------------------------------------
@@ -77,17 +77,6 @@ def _lower_permute(ctx, node):
 
 
 # ---- slice / select ----------------------------------------------------------------------------
-def slice_bounds(size: int, start, end, step: int) -> tuple:
-    """Torch's clamping: None and huge sentinels mean the edge; negatives count from the end."""
-    start = 0 if start is None else start
-    end = size if end is None or end >= _INT_MAX else end
-    start = start + size if start < 0 else start
-    end = end + size if end < 0 else end
-    start = min(max(start, 0), size)
-    end = min(max(end, start), size)
-    return start, end, step
-
-
 def _infer_slice(in_shapes, attrs):
     one_input(in_shapes)
     src = list(in_shapes[0])
@@ -200,7 +189,15 @@ def _check_clone(node):
     mf = node.kwargs.get("memory_format")
     if mf not in (None, torch.contiguous_format, torch.preserve_format):
         return f"memory_format: expected contiguous, got {mf}"
+    if _constant_source(node) is not None:
+        return None   # folded into a new constant at lowering, whatever the dtypes
     return float_inputs(node)
+
+
+def _constant_source(node):
+    """The weight a copy/cast reads, when it reads one (`x + 1` casts a lifted int64 1)."""
+    src = node.args[0] if node.args else None
+    return constant_value(src) if isinstance(src, torch.fx.Node) else None
 
 
 def _check_float(node):
@@ -213,30 +210,42 @@ def _same_shape(in_shapes, attrs):
 
 
 def _lower_clone(ctx, node):
+    const = _constant_source(node)
+    if const is not None:   # no kernel, inside or outside the delegate, for a constant's cast
+        ctx.alias(node, ctx.constant(const.to(node.meta["val"].dtype)))
+        return
     ctx.emit("clone", [ctx.tensor(node.args[0])], [ctx.output(node)])
 
 
 register_op("view", ("aten.view_copy.default", "aten._unsafe_view.default"), _infer_view,
-            _lower_view, check=_check_float, doc="reshape; sizes may hold one -1")
+            _lower_view, check=_check_float, doc="reshape; sizes may hold one -1",
+            attrs={"sizes": "symints"}, arity=(1, 1))
 register_op("expand", ("aten.expand_copy.default",), _infer_expand, _lower_expand,
-            check=_check_float, doc="broadcast to sizes; -1 keeps a dim")
+            check=_check_float, doc="broadcast to sizes; -1 keeps a dim",
+            attrs={"sizes": "symints"}, arity=(1, 1))
 register_op("permute", ("aten.permute_copy.default", "aten.transpose_copy.int",
                         "aten.t_copy.default"), _infer_permute, _lower_permute,
-            check=_check_float, doc="reorder dims (transpose and t lower to a permutation)")
+            check=_check_float, doc="reorder dims (transpose and t lower to a permutation)",
+            attrs={"dims": "ints"}, arity=(1, 1))
 register_op("slice", ("aten.slice_copy.Tensor",), _infer_slice, _lower_slice,
-            check=_check_float, doc="start:end:step along dim, torch clamping")
+            check=_check_float, doc="start:end:step along dim, torch clamping",
+            attrs={"dim": "int", "start": "symint?", "end": "symint?", "step": "int"},
+            arity=(1, 1))
 register_op("select", ("aten.select_copy.int",), _infer_select, _lower_select,
-            check=_check_float, doc="index along dim (negative counts from the end)")
+            check=_check_float, doc="index along dim (negative counts from the end)",
+            attrs={"dim": "int", "index": "symint"}, arity=(1, 1))
 register_op("cat", ("aten.cat.default",), _infer_cat, _lower_cat, check=_check_float,
-            doc="concatenate any number of tensors along dim")
+            doc="concatenate any number of tensors along dim", attrs={"dim": "int"},
+            arity=((1, None), 1))
 register_op("split", ("aten.split_with_sizes_copy.default",), _infer_split, _lower_split,
-            check=_check_float, doc="split along dim into pieces of the given sizes")
+            check=_check_float, doc="split along dim into pieces of the given sizes",
+            attrs={"split_sizes": "symints", "dim": "int"}, arity=(1, (1, None)))
 register_op("unsqueeze", ("aten.unsqueeze_copy.default",), _infer_unsqueeze, _lower_unsqueeze,
-            check=_check_float, doc="insert a size-1 dim")
+            check=_check_float, doc="insert a size-1 dim", attrs={"dim": "int"}, arity=(1, 1))
 register_op("squeeze", ("aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
                         "aten.squeeze_copy.default"), _infer_squeeze, _lower_squeeze,
-            check=_check_float, doc="drop size-1 dims")
+            check=_check_float, doc="drop size-1 dims", attrs={"dims": "ints"}, arity=(1, 1))
 register_op("clone", ("aten.clone.default", "aten.alias_copy.default",
                       "dim_order_ops._clone_dim_order.default",
                       "dim_order_ops._to_dim_order_copy.default"), _same_shape, _lower_clone,
-            check=_check_clone, doc="contiguous float32 copy")
+            check=_check_clone, doc="contiguous float32 copy", attrs={}, arity=(1, 1))

@@ -24,4 +24,5 @@ def _check_softmax(node):
 
 
 register_op("softmax", ("aten._softmax.default",), _infer_softmax, _lower_softmax,
-            check=_check_softmax, doc="exp(x - max) / sum(exp(x - max)) along dim")
+            check=_check_softmax, doc="exp(x - max) / sum(exp(x - max)) along dim",
+            attrs={"dim": "int"}, arity=(1, 1))

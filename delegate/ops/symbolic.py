@@ -16,4 +16,6 @@ register_op(
     dtypes=(),
     doc="size of a dim; folded into symbolic sizes at lowering",
     folded=True,
+    attrs={},
+    arity=(0, 0),
 )

@@ -18,7 +18,8 @@ from delegate import symexpr
 from delegate.errors import BlobError, DelegateError, InputError, KernelError
 from delegate.ir import Graph, TensorValue
 from delegate.runtime import planner
-from delegate.runtime.graph_plan import Binding, GraphPlan, nbytes
+from delegate.runtime.graph_plan import Binding, GraphPlan
+from delegate.runtime.memory import allocate, nbytes_of
 from delegate.runtime.values import resize_within
 from kernels_cpu.threadpool import ScratchArena, get_pool, single_threaded_torch
 
@@ -43,16 +44,17 @@ class CpuExecutor:
         self._kernels = [kernels_cpu.get_kernel(n.op) for n in graph.nodes]
         self.plan = GraphPlan(graph, self._replay)
         self._plan_arena()
-        self._scratch = ScratchArena(self._scratch_bytes())
-        self._scratch_view = self._scratch.reserve(self._scratch.nbytes)
+        need = self._scratch_bytes()
+        self._scratch = ScratchArena(0)
+        self._scratch_view = self._scratch.adopt(allocate(need, "kernel scratch"))
 
     def _plan_arena(self) -> None:
         lives = planner.lifetimes(self.graph)
         values = self.graph.values
-        sizes = {vid: nbytes(values[vid].dtype, values[vid].max_shape) for vid in lives}
+        sizes = {vid: nbytes_of(values[vid].max_shape, values[vid].dtype) for vid in lives}
         self._offsets, total = planner.plan_offsets(sizes, lives)
         self._capacity = sizes
-        self._arena = torch.empty(total, dtype=torch.uint8)
+        self._arena = allocate(total, "value arena")
 
     def _scratch_bytes(self) -> int:
         env = self.plan.max_env()
@@ -101,7 +103,7 @@ class CpuExecutor:
 
     def _view(self, vid: int, shape: tuple) -> torch.Tensor:
         spec = self.graph.values[vid]
-        size = nbytes(spec.dtype, shape)
+        size = nbytes_of(shape, spec.dtype)
         if size > self._capacity[vid]:
             raise InputError(
                 f"value {vid} shape {shape}: expected at most {self._capacity[vid]} bytes "
@@ -190,6 +192,23 @@ class CpuExecutor:
         except Exception as e:  # noqa: BLE001 - a kernel's raw error gets its node
             raise KernelError(f"{self.plan.steps[i].where()}: expected the kernel to run, got "
                               f"{type(e).__name__}: {e}") from e
+
+    def execute_profiled(self, inputs: list) -> tuple:
+        """(outputs, [("op [source node]", seconds)], "wall"): each kernel timed on its own."""
+        import time
+
+        b = self.plan.binding_for(inputs)
+        r = b.payload
+        self._bind_inputs(r, inputs)
+        bound = self._bind_outputs(r, None)
+        attrs_now = self._dynamic_attrs(b, inputs) if self.plan.dynamic_steps else {}
+        times, scratch = [], self._scratch_view
+        with single_threaded_torch():
+            for st, (fn, ins, outs, attrs) in zip(self.plan.steps, r.calls):
+                t0 = time.perf_counter()
+                fn(ins, outs, attrs_now.get(st.index, attrs), scratch)
+                times.append((f"{st.op} [{st.name or st.index}]", time.perf_counter() - t0))
+        return self._finish(r, bound, inputs), times, "wall"
 
     def _dynamic_attrs(self, b: Binding, inputs: list) -> dict:
         env = dict(b.env)

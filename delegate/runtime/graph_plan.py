@@ -132,6 +132,7 @@ class GraphPlan:
         ints = tuple(i for i, vid in enumerate(self.graph.inputs)
                      if getattr(values[vid], "kind", None) == "int")
         b = Binding(key, env, live, attrs, len(self.graph.inputs), checks, ints)
+        _check_bounds(values, live)
         self._validate_binding(b)
         b.payload = self._build_payload(b)
         self._cache[key] = b
@@ -155,6 +156,15 @@ class GraphPlan:
 
     def max_env(self) -> dict:
         return max_env(self.graph)
+
+
+def _check_bounds(values: list, live: dict) -> None:
+    """Buffers are sized for the upper bounds: a live shape past them is a lying blob."""
+    for vid, shape in live.items():
+        bound = values[vid].max_shape
+        if any(s < 0 or s > m for s, m in zip(shape, bound)):
+            raise BlobError(f"value {vid} live shape: expected within its upper bound {bound}, "
+                            f"got {shape}")
 
 
 def _step(i: int, node) -> Step:
@@ -221,14 +231,3 @@ def max_env(graph: Graph) -> dict:
     for s in graph.symbols:   # offset symbols size nothing: any value does for sizing
         env.setdefault(s.name, 0)
     return env
-
-
-def numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def nbytes(dtype: torch.dtype, shape) -> int:
-    return numel(shape) * dtype.itemsize

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from delegate.errors import ProgramError, UnsupportedError
+from delegate.errors import ProgramError, ResourceError, UnsupportedError
+from delegate.shape_math import numel
 
 # ExecuTorch ScalarType (schema/scalar_type.fbs, same numbering as c10) -> torch dtype.
 _DTYPES = {
@@ -54,10 +55,7 @@ def dim_order_strides(sizes: list[int], dim_order: list[int]) -> list[int]:
 
 
 def nbytes_of(sizes: list[int], dtype: torch.dtype) -> int:
-    numel = 1
-    for s in sizes:
-        numel *= int(s)
-    return numel * dtype.itemsize
+    return numel(sizes) * dtype.itemsize
 
 
 class Arena:
@@ -103,3 +101,12 @@ def owned_region(nbytes: int) -> np.ndarray:
 def writable_bytes(data) -> np.ndarray:
     """Copy serialized bytes once into a writable array (torch refuses read-only buffers)."""
     return np.frombuffer(bytes(data), dtype=np.uint8).copy()
+
+
+def allocate(nbytes: int, what: str) -> torch.Tensor:
+    """A uint8 buffer of nbytes; a failed allocation is a typed error, not torch's."""
+    try:
+        return torch.empty(int(nbytes), dtype=torch.uint8)
+    except RuntimeError as e:   # "can't allocate memory": the blob asks for more than there is
+        raise ResourceError(f"{what}: expected {nbytes} bytes of host memory, got an "
+                            f"allocation failure ({e})") from None

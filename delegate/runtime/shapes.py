@@ -30,13 +30,32 @@ def bind_inputs(graph: Graph, inputs: list) -> dict:
 
 
 def check_tensor_kind(what: str, t, dtype: torch.dtype, rank: int) -> None:
-    """A tensor of this dtype and rank, else InputError; the runner and executors share it."""
+    """A dense CPU tensor of this dtype and rank, else InputError; the runner and executors
+    share it. Any strides are fine (inputs are copied in), so views and channels_last work."""
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{what}: expected a {dtype} tensor, got {type(t).__name__}")
+    kind = _odd_kind(t)
+    if kind:
+        raise InputError(f"{what}: expected a dense CPU {dtype} tensor, got {kind}")
     if t.dtype != dtype:
         raise InputError(f"{what} dtype: expected {dtype}, got {t.dtype}")
     if t.dim() != rank:
         raise InputError(f"{what} rank: expected {rank}, got {t.dim()}")
+
+
+def _odd_kind(t: torch.Tensor) -> str:
+    """What makes t other than a dense CPU tensor whose bytes can be read, or ""."""
+    if t.is_nested:
+        return "a nested tensor"
+    if t.layout != torch.strided:
+        return f"a {str(t.layout).removeprefix('torch.')} tensor"
+    if t.is_quantized:
+        return f"a quantized tensor ({t.dtype})"
+    if t.device.type != "cpu":
+        return f"a tensor on device {t.device}"
+    if any(s < 0 for s in t.stride()):
+        return f"a tensor with negative strides {tuple(t.stride())}"
+    return ""
 
 
 def _check_input(i: int, spec: TensorValue, t, env: dict) -> None:

@@ -114,8 +114,15 @@ class Node(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
         return o == 0
 
+    # Node
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def NodeStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def Start(builder):
     NodeStart(builder)
@@ -162,6 +169,12 @@ def NodeStartAttrsVector(builder, numElems):
 def StartAttrsVector(builder, numElems):
     return NodeStartAttrsVector(builder, numElems)
 
+def NodeAddName(builder, name):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
+
+def AddName(builder, name):
+    NodeAddName(builder, name)
+
 def NodeEnd(builder):
     return builder.EndObject()
 
@@ -182,6 +195,7 @@ class NodeT(object):
         self.inputs = None  # type: List[int]
         self.outputs = None  # type: List[int]
         self.attrs = None  # type: List[schemas.etwgpu_fb.Attribute.AttributeT]
+        self.name = None  # type: str
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -227,6 +241,7 @@ class NodeT(object):
                 else:
                     attribute_ = schemas.etwgpu_fb.Attribute.AttributeT.InitFromObj(node.Attrs(i))
                     self.attrs.append(attribute_)
+        self.name = node.Name()
 
     # NodeT
     def Pack(self, builder):
@@ -256,6 +271,8 @@ class NodeT(object):
             for i in reversed(range(len(self.attrs))):
                 builder.PrependUOffsetTRelative(attrslist[i])
             attrs = builder.EndVector()
+        if self.name is not None:
+            name = builder.CreateString(self.name)
         NodeStart(builder)
         if self.op is not None:
             NodeAddOp(builder, op)
@@ -265,5 +282,7 @@ class NodeT(object):
             NodeAddOutputs(builder, outputs)
         if self.attrs is not None:
             NodeAddAttrs(builder, attrs)
+        if self.name is not None:
+            NodeAddName(builder, name)
         node = NodeEnd(builder)
         return node

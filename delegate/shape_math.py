@@ -1,0 +1,34 @@
+"""Shape arithmetic shared by the op registry, the executors and the kernels: torch's dim
+wrapping and slice clamping, element counts. Imports nothing of ours but the errors, so a
+kernel can use it without knowing the registry or the IR."""
+from __future__ import annotations
+
+import math
+
+from delegate.errors import DelegateError, expect
+
+_INT_MAX = 2 ** 63 - 1
+
+
+def numel(shape) -> int:
+    return math.prod(int(s) for s in shape)
+
+
+def norm_dim(d: int, ndim: int, what: str = "dim", scalar_ok: bool = False) -> int:
+    """Torch's dim wrapping; with scalar_ok a 0-d tensor accepts dims 0 and -1 (softmax,
+    squeeze), otherwise indexing a dim needs rank >= 1."""
+    expect(ndim >= 1 or scalar_ok, DelegateError, what, "a tensor of rank >= 1", "rank 0")
+    n = max(ndim, 1)
+    expect(-n <= d < n, DelegateError, what, f"a dim in [{-n}, {n})", d)
+    return d % n
+
+
+def slice_bounds(size: int, start, end, step: int) -> tuple:
+    """Torch's clamping: None and huge sentinels mean the edge; negatives count from the end."""
+    start = 0 if start is None else start
+    end = size if end is None or end >= _INT_MAX else end
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end, step

@@ -1,0 +1,235 @@
+"""Flash attention on WebGPU (lavapipe in CI) against eager torch SDPA in float64.
+
+Prefill and the one-pass decode run through the WebGPU executor. The flash-decoding split path
+needs scratch operands (Dispatch.scratch), so `run_split` binds them itself, as the executor
+is asked to: one buffer per scratch operand, numbered after the outputs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels_wgsl
+from kernels_wgsl import attention
+from tests.test_kernels_wgsl import rand, run_wgsl, sdpa_attrs
+from tests.tolerances import tol
+
+
+def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                          scale=scale, enable_gqa=gqa)
+
+
+def check(got, want):
+    torch.testing.assert_close(got, want.to(got.dtype), equal_nan=True, **tol("attention", "webgpu"))
+
+
+def qkv(b, hq, hkv, l, s, e, ev=None):
+    return rand(b, hq, l, e), rand(b, hkv, s, e), rand(b, hkv, s, ev or e)
+
+
+def run_split(ins, attrs):
+    """Run the sdpa builder's dispatches with its scratch bound (the split decode path)."""
+    import wgpu
+
+    from kernels_wgsl.device import get_device
+
+    gpu = get_device()
+    ins32 = [None if t is None else (t.float() if t.is_floating_point() else t.to(torch.int32))
+             for t in ins]
+    shapes = [None if t is None else tuple(t.shape) for t in ins32]
+    out_shape = tuple(ins[0].shape[:3]) + (ins[2].shape[3],)
+    dtypes = tuple(None if t is None else t.dtype for t in ins)
+    specs = kernels_wgsl.get_kernel("sdpa").build(
+        shapes, [out_shape], attrs, kernels_wgsl.BuildInfo(gpu, dtypes, scratch=True))
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    dev = gpu.device
+
+    def buffer(nbytes, data=None):
+        if data is not None:
+            return dev.create_buffer_with_data(data=data + bytes(max(0, 16 - len(data))), usage=usage)
+        return dev.create_buffer(size=max(16, nbytes), usage=usage)
+
+    operands = [None if t is None else buffer(0, t.contiguous().numpy().tobytes()) for t in ins32]
+    operands.append(buffer(4 * torch.Size(out_shape).numel()))
+    operands += [buffer(max(n for spec in specs for n in spec.scratch[j:j + 1]))
+                 for j in range(max(len(spec.scratch) for spec in specs))]
+    dummy = buffer(16)
+    encoder = dev.create_command_encoder()
+    for spec in specs:
+        params, count = spec.sizes(shapes, [out_shape], attrs)
+        if count == 0:
+            continue
+        key, pipeline, layout = gpu.acquire_pipeline(
+            kernels_wgsl.source(spec.shader, spec.prelude), spec.entry, spec.constants, spec.kinds())
+        uniform = dev.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)
+        bufs = [uniform] + [dummy if a is None else operands[a] for a in spec.args]
+        group = dev.create_bind_group(layout=layout, entries=[
+            {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+            for i, b in enumerate(bufs)])
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, group)
+        compute.dispatch_workgroups(count, 1, 1)
+        compute.end()
+        gpu.release_pipeline(key)
+    dev.queue.submit([encoder.finish()])
+    raw = dev.queue.read_buffer(operands[len(ins)])
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32)[:torch.Size(out_shape).numel()] \
+        .reshape(out_shape).clone(), [s.entry for s in specs]
+
+
+def both_paths(ins, attrs):
+    """(one-pass result via the executor, split result via run_split)."""
+    return run_wgsl("sdpa", ins, attrs)[0], run_split(ins, attrs)[0]
+
+
+# ---- tile choice ----------------------------------------------------------------------------
+@pytest.mark.parametrize("e", [5, 8, 64, 128, 200, 256])
+def test_tile_fits_default_limits(e):
+    tile = attention.flash_tile(e, e, 16384)
+    assert tile.threads <= 256
+    assert attention.shared_floats(tile.g, tile.vec, tile.br, tile.bc) * 4 <= 16384
+    assert tile.g * tile.vec * 4 >= e and tile.vec * 4 <= attention.DIMS_PER_THREAD
+
+
+def test_split_scratch_is_sized_for_the_upper_bounds():
+    shapes = [(1, 8, 1, 64), (1, 2, 2048, 64), (1, 2, 2048, 64), None]
+    splits, per = attention.key_splits(1, 2048, True, 16)
+    assert splits * per >= 2048 and (splits - 1) * per < 2048
+    assert attention.partials_bytes(shapes, True, 16) == 8 * splits * (64 + 2) * 4
+
+
+# ---- prefill ----------------------------------------------------------------------------------
+PRIME_LS = [(1, 1), (2, 7), (7, 2), (31, 31), (67, 130), (130, 67)]
+
+
+@pytest.mark.parametrize("e", [5, 8, 64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_over_prime_lengths(e, causal):
+    for l, s in PRIME_LS[:4] if e >= 128 else PRIME_LS:
+        q, k, v = qkv(1, 2, 2, l, s, e)
+        got = run_wgsl("sdpa", [q, k, v, None], sdpa_attrs(causal=causal))[0]
+        check(got, reference(q, k, v, causal=causal))
+
+
+@pytest.mark.parametrize("e", [64, 256])
+def test_prefill_long_causal_skips_tiles_above_the_diagonal(e):
+    q, k, v = qkv(1, 1, 1, 130, 130, e)
+    got = run_wgsl("sdpa", [q, k, v, None], sdpa_attrs(causal=True, scale=0.2))[0]
+    check(got, reference(q, k, v, causal=True, scale=0.2))
+
+
+def test_value_dim_differs_from_key_dim():
+    q, k, v = qkv(2, 3, 3, 31, 67, 29, ev=11)
+    check(run_wgsl("sdpa", [q, k, v, None], sdpa_attrs())[0], reference(q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_heads_share_kv(causal):
+    q, k, v = qkv(2, 8, 2, 67, 31, 64)
+    got = run_wgsl("sdpa", [q, k, v, None], sdpa_attrs(causal=causal, gqa=True))[0]
+    check(got, reference(q, k, v, causal=causal, gqa=True))
+
+
+def test_bool_mask_broadcast_over_batch():
+    q, k, v = qkv(2, 3, 3, 31, 67, 8)
+    mask = torch.rand(1, 3, 31, 67) > 0.5
+    mask[..., 0] = True
+    check(run_wgsl("sdpa", [q, k, v, mask], sdpa_attrs())[0], reference(q, k, v, mask))
+
+
+def test_float_mask_broadcast_over_heads_with_gqa():
+    q, k, v = qkv(1, 8, 2, 7, 130, 64)
+    mask = rand(1, 1, 7, 130)
+    got = run_wgsl("sdpa", [q, k, v, mask], sdpa_attrs(gqa=True))[0]
+    check(got, reference(q, k, v, mask, gqa=True))
+
+
+# ---- decode -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("s", [1, 31, 257])
+def test_decode_gqa_one_query(s):
+    q, k, v = qkv(1, 8, 2, 1, s, 64)
+    attrs = sdpa_attrs(gqa=True)
+    want = reference(q, k, v, gqa=True)
+    for got in both_paths([q, k, v, None], attrs):
+        check(got, want)
+
+
+def test_decode_splits_2048_keys_and_combines():
+    q, k, v = qkv(1, 8, 2, 1, 2048, 64)
+    got, entries = run_split([q, k, v, None], sdpa_attrs(gqa=True))
+    assert entries == ["flash", "combine"]
+    check(got, reference(q, k, v, gqa=True))
+
+
+@pytest.mark.parametrize("e", [5, 256])
+def test_decode_split_with_masks_and_short_rows(e):
+    q, k, v = qkv(1, 4, 4, 3, 257, e)
+    mask = rand(1, 4, 3, 257)
+    check(run_split([q, k, v, mask], sdpa_attrs())[0], reference(q, k, v, mask))
+    bmask = torch.rand(3, 257) > 0.7
+    check(run_split([q, k, v, bmask], sdpa_attrs())[0], reference(q, k, v, bmask))
+    check(run_split([q, k, v, None], sdpa_attrs(causal=True))[0], reference(q, k, v, causal=True))
+
+
+# ---- NaN / Inf, as eager torch ------------------------------------------------------------
+def nan_cases():
+    q, k, v = qkv(1, 2, 2, 3, 131, 8)
+    nq = q.clone()
+    nq[0, 0, 1, 2] = float("nan")          # one query row NaN
+    nk = k.clone()
+    nk[0, 1, 5, 0] = float("nan")          # a NaN key every row sees
+    nv = v.clone()
+    nv[0, 0, 100, 3] = float("nan")        # one value column NaN
+    inf_mask = torch.zeros(3, 131, dtype=torch.float64)
+    inf_mask[2, 7] = float("inf")          # +inf bias: row NaN (e^(inf - inf))
+    dead = torch.ones(3, 131, dtype=torch.bool)
+    dead[1] = False                        # a fully masked row: torch's eager CPU SDPA gives 0
+    masked_nan_k = torch.ones(3, 131, dtype=torch.bool)
+    masked_nan_k[:, 5] = False             # torch adds -inf to a NaN score: still NaN
+    nv0 = v.clone()
+    nv0[0, 1, 0, 3] = float("nan")         # causal: key 0 is every row's (keys past the
+    #                                        diagonal reach rows as torch's CPU blocks happen to)
+    return [([nq, k, v, None], {}), ([q, nk, v, None], {}), ([q, k, nv, None], {}),
+            ([q, k, v, inf_mask], {}), ([q, k, v, dead], {}), ([q, nk, v, masked_nan_k], {}),
+            ([nq, k, nv0, None], {"causal": True})]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_nan_and_inf_follow_torch(case):
+    ins, kw = nan_cases()[case]
+    want = reference(*ins[:3], ins[3], **kw)
+    for got in both_paths(ins, sdpa_attrs(**kw)):
+        check(got, want)
+
+
+def test_fully_masked_row_is_zero_like_torch():
+    q, k, v = qkv(1, 1, 1, 2, 5, 8)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[0] = False
+    want = reference(q, k, v, mask)
+    assert torch.equal(want[0, 0, 0], torch.zeros(8, dtype=torch.float64))
+    for got in both_paths([q, k, v, mask], sdpa_attrs()):
+        check(got, want)
+
+
+# ---- partitioner: claims only what the WGSL kernel runs -------------------------------------
+def keeps_sdpa_whole(device: str, head: int) -> bool:
+    """Whether the partitioner keeps SDPA from decomposition, i.e. claims it as our op."""
+    from delegate.partitioner import WgpuPartitioner
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    xs = tuple(torch.randn(1, 2, 3, head) for _ in range(3))
+    kept, _ = WgpuPartitioner(device=device).ops_to_not_decompose(torch.export.export(Attend(), xs))
+    return torch.ops.aten.scaled_dot_product_attention.default in kept
+
+
+def test_webgpu_partitioner_leaves_head_dims_over_256_to_decomposition():
+    assert keeps_sdpa_whole("webgpu", attention.MAX_HEAD)
+    assert not keeps_sdpa_whole("webgpu", attention.MAX_HEAD + 8)
+
+
+def test_cpu_partitioner_claims_any_head_dim():
+    assert keeps_sdpa_whole("cpu", attention.MAX_HEAD + 8)
