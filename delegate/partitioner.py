@@ -19,6 +19,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from delegate import ops as registry
+from delegate.ops import export
 from delegate import preprocess  # noqa: F401  (ExecuTorch finds WgpuBackend among loaded BackendDetails)
 from delegate.errors import DelegateError
 from delegate.lowering import constant_inputs, constant_keys, upper_bounds
@@ -50,18 +51,18 @@ class RegistrySupport(OperatorSupportBase):
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         reason = self.reason(node)
         if reason is not None and node.op == "call_function":
-            self.rejected[f"{registry.target_name(node.target)}: {reason}"] += 1
+            self.rejected[f"{export.target_name(node.target)}: {reason}"] += 1
         return reason is None
 
     def reason(self, node: torch.fx.Node) -> Optional[str]:
         if node.op != "call_function":
             return "not a call"
-        pattern = registry.pattern_for(node)
+        pattern = export.pattern_for(node)
         if pattern is not None and kernel_exists(pattern.name, self.device):
             return None
-        op = registry.op_for_target(node.target)
+        op = export.op_for_target(node.target)
         if op is None:
-            return "; ".join(["no op registered", *registry.pattern_rejections(node)])
+            return "; ".join(["no op registered", *export.pattern_rejections(node)])
         if not op.folded and not kernel_exists(op.name, self.device):
             return f"no {self.device} kernel"
         why = self._check_values(op, node)
@@ -104,7 +105,7 @@ class WgpuPartitioner(Partitioner):
         gm = exported_program.graph_module
         # ExecuTorch passes a program with FakeTensor weights; value checks read the real ones
         constants = constant_inputs(exported_program, self._real_constants)
-        with registry.program_constants(constants):
+        with export.program_constants(constants):
             proposed = CapabilityBasedPartitioner(
                 gm, support, allows_single_node_partition=True
             ).propose_partitions()
@@ -134,7 +135,7 @@ class WgpuPartitioner(Partitioner):
         constants = constant_inputs(ep)
         keys = constant_keys(ep)
         self._real_constants.update({keys[name]: t for name, t in constants.items()})
-        with registry.program_constants(constants):
+        with export.program_constants(constants):
             return self._kept_ops(ep, support), None
 
     def _kept_ops(self, ep, support) -> list:
@@ -175,7 +176,7 @@ def _prune_symbolic(partitions) -> list:
 
 
 def _is_folded(node) -> bool:
-    if node.op != "call_function" or registry.pattern_for(node) is not None:
+    if node.op != "call_function" or export.pattern_for(node) is not None:
         return False
-    op = registry.op_for_target(node.target)
+    op = export.op_for_target(node.target)
     return op is not None and op.folded

@@ -13,7 +13,7 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from delegate import blob
-from delegate import ops as registry
+from delegate.ops import export
 from delegate.errors import UnsupportedError
 from delegate.ir import Graph
 from delegate.lowering import LoweringContext, constant_inputs, upper_bounds
@@ -35,7 +35,7 @@ def lower_to_ir(ep, named_data=None) -> Graph:
     graph = Graph()
     ctx = LoweringContext(graph, upper_bounds(ep), named_data)
     constants = constant_inputs(ep)
-    with registry.program_constants(constants):
+    with export.program_constants(constants):
         for node in ep.graph_module.graph.nodes:
             if node.op == "placeholder":
                 if node.name in constants:
@@ -53,12 +53,12 @@ def lower_to_ir(ep, named_data=None) -> Graph:
 
 def _lower_node(ctx: LoweringContext, node) -> None:
     """A matching pattern rooted here wins over the node's own op."""
-    pattern = registry.pattern_for(node)
+    pattern = export.pattern_for(node)
     if pattern is not None:
         return pattern.lower(ctx, node)
-    op = registry.op_for_target(node.target)
+    op = export.op_for_target(node.target)
     if op is None:
         raise UnsupportedError(
-            f"node {node.name}: expected a registered op, got {registry.target_name(node.target)}"
+            f"node {node.name}: expected a registered op, got {export.target_name(node.target)}"
         )
     op.lower(ctx, node)

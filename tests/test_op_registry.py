@@ -21,7 +21,8 @@ from delegate import symexpr
 from delegate.errors import DelegateError
 from delegate.ir import Graph
 from delegate.lowering import LoweringContext, sym_text
-from delegate.ops import all_ops, op_for_target, target_name
+from delegate.ops import all_ops
+from delegate.ops.export import op_for_target, target_name
 from kernels_cpu import has_kernel
 
 

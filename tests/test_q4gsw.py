@@ -221,7 +221,7 @@ class RawDequantLinear(torch.nn.Module):
 
 def test_group_size_not_dividing_k_is_refused_with_a_reason():
     """torchao cannot even export a ragged last group, so check the support rule directly."""
-    from delegate import ops as registry
+    from delegate.ops import export
     from delegate.ops.q4gsw import why_not_q4gsw
 
     g = torch.fx.Graph()
@@ -231,7 +231,7 @@ def test_group_size_not_dividing_k_is_refused_with_a_reason():
     n, k = 16, 136   # 136 = 4 * 32 + 8
     constants = {"q": torch.zeros(n, k, dtype=torch.int8), "s": torch.ones(n, 5),
                  "z": torch.zeros(n, 5, dtype=torch.int8)}
-    with registry.program_constants(constants):
+    with export.program_constants(constants):
         assert why_not_q4gsw(dq) == "K: expected a multiple of the group size 32, got 136"
 
 

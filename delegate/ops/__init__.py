@@ -1,18 +1,17 @@
-"""The op registry: one declaration per op or op family.
+"""The op registry, runtime half: one declaration per op or op family.
 
 Each family module (delegate/ops/<family>.py) calls `register_op` for the ops it defines. An
 OpDef says which edge targets the op covers, which dtypes it accepts, when a node is supported,
-how the node lowers to an IR node, and how output shapes follow from input shapes. The
-partitioner's `is_node_supported` and `ops_to_not_decompose` are read from here, the runtime's
-shape inference too, so this module must stay free of export-time imports (targets are names).
+how the node lowers to an IR node, and how output shapes follow from input shapes. This module
+is what the runtime reads (`get_op(name)`: shapes, dtypes, attribute and arity declarations)
+and imports nothing of export; the export half, patterns, program constants and target lookup
+for the partitioner and preprocess, is delegate/ops/export.py.
 
 Third parties add ops through the `etwgpu.ops` entry-point group: a module that calls
 `register_op` on import.
 """
 from __future__ import annotations
 
-import contextvars
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -53,20 +52,6 @@ class OpDef:
     # (inputs, outputs) counts of an IR node, each an int, a (min, max) pair (max None: no
     # upper bound) or None (any count). None: not declared.
     arity: Optional[tuple] = None
-
-
-@dataclass(frozen=True)
-class PatternDef:
-    """A multi-node pattern rooted at an anchor node, lowered to one IR op `name`.
-
-    When `match(anchor)` holds, the anchor is lowered by `lower` instead of its OpDef and is
-    supported when a kernel named `name` exists; the producers it absorbs are folded OpDefs.
-    """
-    name: str
-    anchor: str                    # target name of the anchor node: "aten.linear.default"
-    match: Callable                # match(node) -> None when it matches, else why not
-    lower: LowerFn
-    doc: str = ""
 
 
 def _is_int(v) -> bool:
@@ -121,7 +106,6 @@ def arity_mismatch(op: "OpDef", n_inputs: int, n_outputs: int) -> Optional[str]:
 
 
 _OPS: dict[str, OpDef] = {}
-_PATTERNS: dict[str, list] = {}     # anchor target name -> [PatternDef]
 _BY_TARGET: dict[str, OpDef] = {}
 _loaded = False
 
@@ -159,58 +143,6 @@ def register_op(
     return op
 
 
-def register_pattern(name: str, anchor: str, match: Callable, lower: LowerFn,
-                     doc: str = "") -> PatternDef:
-    pat = PatternDef(name, anchor, match, lower, doc)
-    _PATTERNS.setdefault(anchor, []).append(pat)
-    return pat
-
-
-def pattern_for(node) -> Optional[PatternDef]:
-    """The first registered pattern that matches at this anchor node, or None."""
-    _load()
-    if getattr(node, "op", None) != "call_function":
-        return None
-    for pat in _PATTERNS.get(target_name(node.target), ()):
-        if pat.match(node) is None:
-            return pat
-    return None
-
-
-def pattern_rejections(node) -> list:
-    """Why each pattern anchored at this node did not match (for the partitioner's report)."""
-    _load()
-    if getattr(node, "op", None) != "call_function":
-        return []
-    return [f"{p.name}: {why}" for p in _PATTERNS.get(target_name(node.target), ())
-            if (why := p.match(node)) is not None]
-
-
-_CONSTANTS: contextvars.ContextVar = contextvars.ContextVar("etwgpu_constants", default=None)
-
-
-@contextmanager
-def program_constants(constants: dict):
-    """While partitioning or lowering a program: placeholder name -> its constant tensor.
-
-    Lets a check, match or lower read weight values (a dequantize's zero points, the qdata it
-    packs) without holding the ExportedProgram."""
-    token = _CONSTANTS.set(constants)
-    try:
-        yield
-    finally:
-        _CONSTANTS.reset(token)
-
-
-def constant_value(node):
-    """The tensor behind a parameter / buffer / constant placeholder of the program being
-    partitioned or lowered; None for anything else or outside program_constants()."""
-    constants = _CONSTANTS.get()
-    if constants is None or getattr(node, "op", None) != "placeholder":
-        return None
-    return constants.get(node.name)
-
-
 def _load() -> None:
     global _loaded
     if not _loaded:
@@ -233,20 +165,5 @@ def get_op(name: str) -> OpDef:
         ) from None
 
 
-def op_for_target(target) -> Optional[OpDef]:
-    """The OpDef whose targets include this fx node target, or None."""
-    _load()
-    return _BY_TARGET.get(target_name(target))
-
-
 def is_folded(op: OpDef) -> bool:
     return op.folded
-
-
-def target_name(target) -> str:
-    """'aten.add.Tensor' for edge ops, ATen overloads and their string names alike."""
-    name = getattr(target, "_name", None) or str(target)  # EdgeOpOverload and OpOverload
-    name = name.replace("::", ".")
-    if name.count(".") == 1:  # "aten.linear" style (default overload)
-        name += ".default"
-    return name

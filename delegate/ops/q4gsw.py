@@ -24,9 +24,9 @@ from typing import Optional
 
 import torch
 
-from delegate import ops as registry
 from delegate.errors import DelegateError, expect
-from delegate.ops import register_op, register_pattern, target_name
+from delegate.ops import register_op
+from delegate.ops.export import constant_value, register_pattern, target_name
 
 DEQUANTIZE = "torchao.dequantize_affine.default"
 LINEAR = "aten.linear.default"
@@ -59,7 +59,7 @@ def _q4_args(dq):
 def why_not_q4gsw(dq) -> Optional[str]:
     """None when this dequantize_affine is a 4-bit group-symmetric weight we can pack."""
     qnode, block, snode, znode = _q4_args(dq)
-    qdata, scale = registry.constant_value(qnode), registry.constant_value(snode)
+    qdata, scale = constant_value(qnode), constant_value(snode)
     if qdata is None or scale is None:
         return "qdata and scale must be constant weights"
     if qdata.dtype != torch.int8 or qdata.dim() != 2:
@@ -81,7 +81,7 @@ def why_not_q4gsw(dq) -> Optional[str]:
     if scale.dtype != torch.float32 or scale.numel() != n * (k // gs):
         return (f"scale: expected float32 with {n}x{k // gs} values, "
                 f"got {scale.dtype} {tuple(scale.shape)}")
-    zero = None if znode is None else registry.constant_value(znode)
+    zero = None if znode is None else constant_value(znode)
     if znode is not None and zero is None:
         return "zero points must be a constant weight"
     return _value_check(qdata, zero)
@@ -144,9 +144,9 @@ def _match_linear(node) -> Optional[str]:
 # ---- lowering and shapes -------------------------------------------------------------------
 def _lower_linear(ctx, node) -> None:
     qnode, block, snode, _ = _q4_args(node.args[1])
-    qdata = registry.constant_value(qnode)
+    qdata = constant_value(qnode)
     n, k = qdata.shape
-    packed, scales = pack_q4gsw(qdata, registry.constant_value(snode), block[1])
+    packed, scales = pack_q4gsw(qdata, constant_value(snode), block[1])
     ins = [ctx.tensor(node.args[0]), ctx.constant(packed), ctx.constant(scales),
            ctx.optional_tensor(_arg(node, 2, "bias"))]
     ctx.emit("linear_q4gsw", ins, [ctx.output(node)], group_size=int(block[1]), K=int(k), N=int(n))

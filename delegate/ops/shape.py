@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from delegate.errors import DelegateError, expect
-from delegate.ops import constant_value, register_op, target_name
+from delegate.ops import register_op
+from delegate.ops.export import constant_value, target_name
 from delegate.shape_math import slice_bounds
 from delegate.ops._common import arg, float_inputs, norm_dim, numel, one_input
 
