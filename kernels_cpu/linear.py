@@ -1,8 +1,9 @@
 """Matrix-product CPU kernels: linear, mm, bmm, addmm; convolution.
 
-Every product is out[M, N] = beta * bias + alpha * (a[M, K] @ b[K, N]). Workers take disjoint
-row blocks of out when M is large enough to share (prefill), else disjoint column blocks
-(decode GEMV: M == 1), each calling torch on its slice with out= views.
+Every product is out[M, N] = beta * bias + alpha * (a[M, K] @ b[K, N]). When M is large enough
+to share (prefill), BLAS itself runs on the pool's core count (torch_threads); for a GEMV
+(decode: M == 1) workers take disjoint column blocks, each calling torch on its slice with out=
+views.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Optional
 import torch
 
 from kernels_cpu import register_kernel
-from kernels_cpu.threadpool import get_pool
+from kernels_cpu.threadpool import get_pool, torch_threads
 
 # Below this many multiply-adds (~100 us on one core) the pool's dispatch costs more than it saves.
 PARALLEL_MACS = 1 << 20
@@ -40,9 +41,8 @@ def gemm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     if workers == 1 or M * N * K < PARALLEL_MACS:
         _product(out, a, b, bias, alpha, beta)
     elif M >= workers:
-        def rows(_w, r0, r1):
-            _product(out[r0:r1], a[r0:r1], b, None if bias is None else bias[r0:r1], alpha, beta)
-        pool.parallel_for(M, rows)
+        with torch_threads(workers):
+            _product(out, a, b, bias, alpha, beta)
     else:
         def cols(_w, c0, c1):
             _product(out[:, c0:c1], a, b[:, c0:c1], None if bias is None else bias[:, c0:c1],

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from delegate.errors import DelegateError, InputError
 from delegate.ops import get_op
 from kernels_cpu import get_kernel
+from kernels_cpu import threadpool
 from kernels_cpu.threadpool import get_pool, set_num_threads, single_threaded_torch
 from tests.tolerances import tol
 
@@ -28,7 +29,8 @@ def _seed():
 
 
 class PoolProbe:
-    """The pool size under test, and how many calls really fanned out over several workers."""
+    """The pool size under test, and how many calls really fanned out over several workers
+    (the pool's, or BLAS's own threads on the pool's core count)."""
 
     def __init__(self, n: int):
         self.n, self.splits = n, 0
@@ -46,6 +48,13 @@ def threads(request, monkeypatch):
         run_tasks(tasks)
 
     monkeypatch.setattr(pool, "run", counting_run)
+    enter = threadpool.torch_threads.__enter__
+
+    def counting_enter(self):   # a large GEMM fans out inside BLAS, on the pool's core count
+        probe.splits += self._n > 1
+        return enter(self)
+
+    monkeypatch.setattr(threadpool.torch_threads, "__enter__", counting_enter)
     yield probe
     set_num_threads(before)
     # the large cases exist to exercise the split path: they must not fall under a threshold
