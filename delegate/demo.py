@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from delegate.aot import lower, undelegated_ops
-from delegate.cli import timed
+from delegate.aot import lower
 from delegate.models import TinyTransformer, seeded
+from delegate.runtime.inspect import describe_outside
 from delegate.runtime.program import Runtime
+from delegate.timing import timed
 
 MAX_SEQ = 128
 
@@ -23,8 +24,8 @@ def run_demo(out_path: str, device: str = "auto", runs: int = 10) -> None:
     pm = lower(model, (tokens,), dynamic_shapes={"tokens": {1: seq}}, device=part_device)
     with open(out_path, "wb") as f:
         f.write(pm.buffer)
-    print(f"wrote {out_path}: {len(pm.buffer) / 1024:.1f} KiB, "
-          f"ops left outside the delegate: {undelegated_ops(pm) or 'none'}")
+    print(f"wrote {out_path}: {len(pm.buffer) / 1024:.1f} KiB")
+    print(describe_outside(pm.buffer, "forward"))
     prog = Runtime.get().load_program(out_path, device=device)
     try:
         method = prog.load_method("forward")

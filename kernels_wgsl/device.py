@@ -5,7 +5,7 @@ high-performance one unless ETWGPU_ADAPTER (or a load option passed as `selector
 another: a case-insensitive substring of the adapter's device/vendor/description or its
 backend ("llvmpipe", "nvidia", "vulkan", "metal").
 shader-f16 and timestamp-query are requested only when offered, and limits only up to what the
-adapter offers.
+adapter offers. Only the native compute backends (Vulkan, Metal, D3D12) are enumerated.
 
 Pipelines are cached by (shader source, entry point, constants, binding layout) and counted:
 an executor acquires the pipelines it uses and releases them in destroy(). Unused pipelines
@@ -24,16 +24,50 @@ from delegate.errors import DeviceError, ShaderError
 log = logging.getLogger("etwgpu")
 
 ADAPTER_ENV = "ETWGPU_ADAPTER"
-OPTIONAL_FEATURES = ("shader-f16", "timestamp-query")
+OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 # Limits raised to what the adapter offers: big weights and activations need them.
 RAISED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size")
 IDLE_PIPELINES = 64
 
+# GL (EGL) adds nothing for compute: on a CPU-only box it is a second llvmpipe adapter.
+NATIVE_BACKENDS = ("Vulkan", "Metal", "DX12")
+# Software rasterisers whose adapter_type may not say CPU (WARP reports itself by this name).
+SOFTWARE_ADAPTERS = ("llvmpipe", "lavapipe", "swiftshader", "microsoft basic render driver")
+
 _DEVICES: dict = {}   # adapter selector -> GpuDevice
+_instance_ready = False
 
 
 def adapter_selector() -> str:
     return os.environ.get(ADAPTER_ENV, "").strip()
+
+
+def _prepare_instance() -> None:
+    """Before wgpu's process-wide instance exists: native backends only, and no Mesa noise."""
+    global _instance_ready
+    if _instance_ready:
+        return
+    _instance_ready = True
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not os.path.isdir(runtime_dir) and "MESA_VK_DEVICE_SELECT" not in os.environ:
+        # Mesa's Vulkan device-select layer asks Wayland for the display's GPU, and without a
+        # session libwayland prints "error: XDG_RUNTIME_DIR is invalid" to stderr. With no
+        # session there is no display GPU to find, so the layer has nothing to add.
+        os.environ.setdefault("NODEVICE_SELECT", "1")
+    from wgpu.backends.wgpu_native.extras import set_instance_extras
+
+    try:
+        set_instance_extras(backends=list(NATIVE_BACKENDS))
+    except RuntimeError:  # the embedding program created the instance first: keep its choice
+        pass
+
+
+def software_adapter(adapter) -> bool:
+    """True for a CPU rasteriser (lavapipe, SwiftShader, WARP): WebGPU that runs on the CPU."""
+    info = adapter.info
+    name = f"{info.get('device', '')} {info.get('vendor', '')} {info.get('description', '')}"
+    return str(info.get("adapter_type", "")).lower() == "cpu" or \
+        any(s in name.lower() for s in SOFTWARE_ADAPTERS)
 
 
 def _describe_adapter(adapter) -> str:
@@ -52,6 +86,7 @@ def pick_adapter(selector: str):
     """The adapter to use, or DeviceError saying which adapters exist and what was asked."""
     import wgpu
 
+    _prepare_instance()
     try:
         if not selector:
             adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
@@ -86,6 +121,8 @@ class GpuDevice:
     has_f16: bool
     has_timestamps: bool
     limits: dict
+    software: bool = False  # a CPU rasteriser: "auto" prefers the CPU executor over it
+    has_subgroups: bool = False  # "subgroup" requested: WGSL subgroupAdd and subgroup builtins
     _modules: dict = field(default_factory=dict)
     _pipelines: dict = field(default_factory=dict)       # key -> _CachedPipeline in use
     _idle: OrderedDict = field(default_factory=OrderedDict)
@@ -179,7 +216,8 @@ def _open(adapter) -> GpuDevice:
         raise DeviceError(f"WebGPU device on {_describe_adapter(adapter)}: expected one, "
                           f"got {type(e).__name__}: {e}") from e
     gpu = GpuDevice(adapter, device, _describe_adapter(adapter), "shader-f16" in features,
-                    "timestamp-query" in features, dict(device.limits))
+                    "timestamp-query" in features, dict(device.limits), software_adapter(adapter),
+                    has_subgroups="subgroup" in features)
     log.info("etwgpu: webgpu adapter %s; features %s; max buffer %d MiB, binding %d MiB",
              gpu.name, features or "none", limits.get("max-buffer-size", 0) >> 20,
              limits.get("max-storage-buffer-binding-size", 0) >> 20)

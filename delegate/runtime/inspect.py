@@ -1,6 +1,9 @@
-"""Static views of a .pte for the CLI: methods, delegates, their ops, the device each would
-run on, and random inputs matching a method's input specs."""
+"""Static views of a .pte for the CLI: methods, delegates, their ops, the ATen kernels left
+outside the delegates, the device each delegate would run on, and random inputs matching a
+method's input specs."""
 from __future__ import annotations
+
+from collections import Counter
 
 import torch
 
@@ -15,29 +18,83 @@ def _pte(data: bytes):
     return read_pte(data)
 
 
-def describe_program(data: bytes, device: str = "auto") -> str:
-    pte = _pte(data)
-    program = pte.program
+def pick_method(names, requested: str | None) -> str:
+    """The method a verb runs: the one asked for, else "forward", else the first by name."""
+    names = sorted(names)
+    if requested is None:
+        if not names:
+            raise ProgramError("methods: expected at least one in the .pte, got none")
+        return "forward" if "forward" in names else names[0]
+    if requested not in names:
+        raise ProgramError(f"method: expected one of {names}, got {requested!r}")
+    return requested
+
+
+def describe_program(data: bytes, device: str = "auto", method: str | None = None) -> str:
+    """Every method of the .pte, or only `method` when it is given."""
+    program = _pte(data).program
+    plans = program.execution_plan
+    if method is not None:
+        name = pick_method([p.name for p in plans], method)
+        plans = [p for p in plans if p.name == name]
     lines = [f".pte: {len(data)} bytes, {len(program.execution_plan)} method(s)"]
-    for plan in program.execution_plan:
+    for plan in plans:
         lines.append(f"method {plan.name}: {len(plan.inputs)} input(s), {len(plan.outputs)} output(s)")
         for i, vid in enumerate(plan.inputs):
             lines.append(f"  input {i}: {_spec(plan.values[vid].val)}")
-        kernels = sorted({f"{o.name}.{o.overload}" for o in plan.operators})
-        lines.append(f"  kernel calls (ATen): {', '.join(kernels) or 'none'}")
         for k, d in enumerate(plan.delegates):
             lines.extend(_describe_delegate(k, d, program, device))
+        lines.extend(outside_summary(plan, program))
     return "\n".join(lines)
+
+
+def outside_summary(plan, program) -> list:
+    """How many of a method's ops (delegated IR nodes plus kernel calls) its delegate calls
+    hold, and the ATen kernel calls left outside, each with its share of the ops."""
+    outside = kernel_calls(plan)
+    n_out = sum(outside.values())
+    n_in = sum(len(_graph(d, program).nodes) for d in plan.delegates
+               if d.id == WgpuRuntimeBackend.backend_id)
+    total = n_in + n_out
+    calls = sum(type(ins.instr_args).__name__ == "DelegateCall"
+                for chain in plan.chains or [] for ins in chain.instructions)
+    lines = [f"  delegated: {n_in} of {total} op(s), in {calls} delegate call(s)",
+             f"  ATen kernels outside the delegates: "
+             + (f"{n_out} of {total} op(s) ({n_out / total:.1%})" if n_out else "none")]
+    for label, n in outside.most_common():
+        lines.append(f"    {label:<40} x{n:<4} {n / total:>6.1%}")
+    return lines
+
+
+def describe_outside(data: bytes, method: str | None = None) -> str:
+    """outside_summary of one method of a .pte (the demo prints it for what it lowered)."""
+    program = _pte(data).program
+    plans = {p.name: p for p in program.execution_plan}
+    return "\n".join(outside_summary(plans[pick_method(plans, method)], program))
+
+
+def kernel_calls(plan) -> Counter:
+    """Operator label ("aten::add.out") -> number of KernelCall instructions running it."""
+    counts: Counter = Counter()
+    for chain in plan.chains or []:
+        for ins in chain.instructions:
+            a = ins.instr_args
+            if type(a).__name__ == "KernelCall" and 0 <= a.op_index < len(plan.operators):
+                op = plan.operators[a.op_index]
+                counts[f"{op.name}.{op.overload}" if op.overload else op.name] += 1
+    return counts
+
+
+def _graph(d, program):
+    return blob.decode(program.backend_delegate_data[d.processed.index].data)
 
 
 def _describe_delegate(k, d, program, device) -> list:
     head = f"  delegate {k}: backend {d.id}"
     if d.id != WgpuRuntimeBackend.backend_id:
         return [head]
-    graph = blob.decode(program.backend_delegate_data[d.processed.index].data)
-    ops = {}
-    for n in graph.nodes:
-        ops[n.op] = ops.get(n.op, 0) + 1
+    graph = _graph(d, program)
+    ops = Counter(n.op for n in graph.nodes)
     try:
         chosen = choose_device(device, graph)
     except Exception as e:  # inspect reports a device it cannot use instead of failing
@@ -65,14 +122,18 @@ def _dtype(scalar_type) -> torch.dtype:
 
 
 def random_inputs(data: bytes, method: str) -> list:
-    """Inputs at each tensor's planned (upper-bound) size: floats ~ N(0,1), ints in [0, 8)."""
+    """Inputs at each tensor's planned (upper-bound) size: floats ~ N(0,1), ints in [0, 8);
+    scalar inputs at the value they were specialised to."""
     plans = {p.name: p for p in _pte(data).program.execution_plan}
-    if method not in plans:
-        raise ProgramError(f"method: expected one of {sorted(plans)}, got {method!r}")
+    plan = plans[pick_method(plans, method)]
     out = []
     g = torch.Generator().manual_seed(0)
-    for vid in plans[method].inputs:
-        val = plans[method].values[vid].val
+    for vid in plan.inputs:
+        val = plan.values[vid].val
+        if not hasattr(val, "sizes"):  # a scalar input was specialised at export: pass it back
+            out.append(next((getattr(val, f) for f in ("int_val", "double_val", "bool_val")
+                             if hasattr(val, f)), None))
+            continue
         dtype = _dtype(val.scalar_type)
         shape = tuple(val.sizes)
         if dtype.is_floating_point:

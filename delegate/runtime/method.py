@@ -72,6 +72,25 @@ class Method:
         inspection); the handles stay owned by the Program."""
         return list(self._delegates)
 
+    def time_instructions(self, record):
+        """Profiling hook: until the returned undo is called, each instruction run also calls
+        record(pc, label, seconds); labels are the operator ("aten::add.out") or the kind
+        ("DelegateCall"). execute() itself is untouched when no profile asks for this."""
+        import time
+
+        original = self._run
+
+        def timed(pc, step, label):
+            def run(vals):
+                t0 = time.perf_counter()
+                nxt = step(vals)
+                record(pc, label, time.perf_counter() - t0)
+                return nxt
+            return run
+
+        self._run = [timed(pc, s, lab) for pc, (s, lab) in enumerate(zip(original, self._labels))]
+        return lambda: setattr(self, "_run", original)
+
     def _analyse(self, instrs, ops, n_delegates):
         """Per-instruction written values, and each DelegateCall's (inputs, outputs)."""
         table = self._table
