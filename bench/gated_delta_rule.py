@@ -1,7 +1,16 @@
-"""Gated delta rule: our CPU kernel vs ExecuTorch's C++ op vs a naive token loop.
+"""Gated delta rule: our CPU kernel vs ExecuTorch's C++ op vs a naive token loop, then our WGSL
+kernel vs FLA on CUDA.
 
-Same inputs for all three, fp32, B=1, H=16, K=V=128, channelwise decay in (0, 1); T = 1, 128,
+Same inputs for all, fp32, B=1, H=16, K=V=128, channelwise decay in (0, 1); CPU at T = 1, 128,
 512, 2048, 8192 at 1 and 2 threads. Milliseconds are the min over several runs.
+
+GPU table (T = 1, 512, 2048, 8192 by default): "webgpu" is the GPU time of our dispatches
+(timestamp queries through WebGpuExecutor.execute_profiled, summed over the op's dispatches,
+min over runs after a warm-up; "wall" when the adapter has no timestamps). "FLA" is
+flash-linear-attention's chunk_gated_delta_rule (T > 1) / fused_recurrent_gated_delta_rule
+(T = 1) on CUDA, timed with CUDA events; its gated delta rule takes one gate per head, so it
+gets the per-token mean of our log decays (the same work per token; KDA is its channelwise
+variant). "n/a" when fla or CUDA is missing.
 
 Thread counts: our kernel runs on our pool (kernels_cpu.threadpool.set_num_threads) with torch
 intra-op threads at 1 inside it. ExecuTorch's op parallelises over its own threadpool
@@ -9,11 +18,13 @@ intra-op threads at 1 inside it. ExecuTorch's op parallelises over its own threa
 portable_lib._threadpool_get_thread_count() and set with portable_lib._unsafe_reset_threadpool(n).
 The naive loop and the sgemm reference use torch.set_num_threads(n).
 
-    python bench/gated_delta_rule.py [--ts 1,128,512] [--threads 1,2]
+    python bench/gated_delta_rule.py [--ts 1,128,512] [--threads 1,2] [--gpu-ts 1,512,2048,8192]
+    (--gpu-ts "" skips the GPU table, --ts "" the CPU one)
 """
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -84,11 +95,95 @@ def bench_row(T: int, n: int, reps: int) -> dict:
                 extrapolated=tn < T, gflops=flops(T) / ours / 1e6)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ts", default="1,128,512,2048,8192")
-    ap.add_argument("--threads", default="1,2")
-    args = ap.parse_args()
+# ---- GPU: our WGSL kernel and FLA ----------------------------------------------------------
+GPU_WARM_S = 0.3     # an idle GPU drops its clocks between short submits: warm it first
+
+
+def webgpu_ms(x, runs: int) -> tuple:
+    """(GPU ms of one call, clock kind, {kernel label: ms}) through a single-op graph."""
+    from delegate.ir import Graph, Node, TensorValue
+    from delegate.ops.gated_delta_rule import infer_shapes
+    from delegate.runtime.webgpu_executor import WebGpuExecutor
+
+    g = Graph()
+    g.inputs = [g.add_value(TensorValue(torch.float32, tuple(t.shape), tuple(t.shape))) for t in x]
+    shapes = infer_shapes([tuple(t.shape) for t in x])
+    g.outputs = [g.add_value(TensorValue(torch.float32, tuple(s), tuple(s))) for s in shapes]
+    g.nodes.append(Node("gated_delta_rule", list(g.inputs), list(g.outputs), {}))
+    ex = WebGpuExecutor(g, {})
+    try:
+        t_end = time.perf_counter() + GPU_WARM_S
+        ex.execute(list(x))
+        while time.perf_counter() < t_end:
+            ex.execute(list(x))
+        best, per, clock = float("inf"), {}, "gpu"
+        for _ in range(runs):
+            _, times, clock = ex.execute_profiled(list(x))
+            total = sum(s for _, s in times)
+            if total < best:
+                best, per = total, {}
+                for label, sec in times:
+                    per[label] = per.get(label, 0.0) + sec * 1e3
+        return best * 1e3, clock, per
+    finally:
+        ex.destroy()
+
+
+def fla_ms(x, runs: int) -> str:
+    """FLA's kernel on CUDA in ms (as text), or 'n/a (why)'."""
+    if not torch.cuda.is_available():
+        return "n/a (no CUDA)"
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except Exception as e:  # fla missing or its triton does not import
+        return f"n/a ({type(e).__name__})"
+    q, k, v, d, beta, s0 = (t.cuda() for t in x)
+    # FLA: [B, T, H, *] layouts, log gate per head
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    g = d.log().mean(-1).transpose(1, 2).contiguous()
+    beta = beta.transpose(1, 2).contiguous()
+    fn = fused_recurrent_gated_delta_rule if q.shape[1] == 1 else chunk_gated_delta_rule
+
+    def call():
+        return fn(q, k, v, g, beta, scale=1.0, initial_state=s0, output_final_state=True)
+
+    try:
+        call()
+        t_end = time.perf_counter() + GPU_WARM_S
+        while time.perf_counter() < t_end:
+            call()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(runs):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            call()
+            b.record()
+            torch.cuda.synchronize()
+            best = min(best, a.elapsed_time(b))
+    except Exception as e:  # an fla/triton version this call does not fit
+        return f"n/a ({type(e).__name__}: {str(e)[:60]})"
+    return f"{best:.4f}"
+
+
+def gpu_table(ts) -> None:
+    from kernels_wgsl.device import get_device
+
+    print(f"\ngated_delta_rule on the GPU  B={B} H={H} K={K} V={V} fp32 channelwise; "
+          f"adapter {get_device().name}")
+    print(f"{'T':>5} {'webgpu ms':>10} {'clock':>5} {'FLA ms':>10} {'ratio':>6}  kernels (ms)")
+    for T in ts:
+        x = make_inputs(T)
+        ours, clock, per = webgpu_ms(x, 10 if T <= 512 else 5)
+        fla = fla_ms(x, 20)
+        ratio = f"{ours / float(fla):>6.2f}" if not fla.startswith("n/a") else f"{'-':>6}"
+        kernels = ", ".join(f"{k.split(' ')[0]} {v:.4f}" for k, v in per.items())
+        print(f"{T:>5} {ours:>10.4f} {clock:>5} {fla:>10} {ratio}  {kernels}")
+    print("webgpu: summed GPU time of our dispatches (each in its own timed pass); FLA gets the "
+          "per-head mean log decay (scalar gate)")
+
+
+def cpu_table(args) -> None:
     print(f"gated_delta_rule  B={B} H={H} K={K} V={V} fp32 channelwise decay; min of runs")
     print(f"{'thr':>3} {'T':>5} {'ours ms':>10} {'ET C++ ms':>10} {'ratio':>6} "
           f"{'naive ms':>11} {'GFLOP/s':>8} {'sgemm':>7} {'%sgemm':>6}")
@@ -107,6 +202,18 @@ def main() -> None:
               f"at {n} thread(s))")
     print(f"* naive loop timed at T={NAIVE_MAX_T} and scaled linearly in T")
     print("GFLOP/s counts 7*T*H*K*V useful flops (decay, k^T S, k delta^T, q^T S)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ts", default="1,128,512,2048,8192")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--gpu-ts", default="1,512,2048,8192")
+    args = ap.parse_args()
+    if args.ts:
+        cpu_table(args)
+    if args.gpu_ts:
+        gpu_table([int(s) for s in args.gpu_ts.split(",")])
 
 
 if __name__ == "__main__":

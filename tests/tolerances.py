@@ -11,8 +11,10 @@ TOLERANCES = {
     "shape":            {"cpu": (0.0, 0.0),   "webgpu": (0.0, 0.0)},    # exact copies
     "embedding":        {"cpu": (0.0, 0.0),   "webgpu": (0.0, 0.0)},
     "attention":        {"cpu": (1e-5, 1e-5), "webgpu": (1e-4, 1e-4)},
-    # outputs and final states, relative to max |reference| (issue: within 1e-4 relative)
-    "gated_delta_rule": {"cpu": (1e-4, 1e-4)},
+    # outputs and final states, relative to max |reference| (issue: within 1e-4 relative).
+    # webgpu: lavapipe measures <= 2e-6; Vulkan lets exp be off by 3 + 2|x| ulp, about 1e-5
+    # at the chunked route's |log Γ| <= 80, so 1e-4 keeps a 10x margin on real GPUs
+    "gated_delta_rule": {"cpu": (1e-4, 1e-4), "webgpu": (1e-4, 1e-4)},
     # 4-bit weights vs an fp64 dequantize-then-matmul. webgpu rounds activations to f16 for
     # the GEMM's multiply (2^-11 relative) and accumulates in f32; webgpu-f32 is its f32 variant
     # and the f32 GEMV
