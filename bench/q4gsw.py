@@ -1,5 +1,8 @@
 """linear_q4gsw: our WGSL kernels and CPU kernel, each against a peer measured in the same run.
 
+    Every kernel that can run a shape is timed (GEMV: with and without subgroup sums; GEMM:
+    the 64x64 and the 128x128 tile, f16 and f32), the one the builder routes to marked *.
+
     GEMV (M = 1)   effective bandwidth = packed weight bytes / kernel time, vs a device-to-device
                    copy_buffer_to_buffer (bandwidth = bytes read + bytes written per second)
     GEMM (M > 1)   TFLOP/s = 2*M*N*K / kernel time, vs torch's fp16 matmul on the same GPU
@@ -145,19 +148,37 @@ def q4_operands(gpu: Gpu, m: int, k: int, n: int, copies: int, seed: int = 0):
             gpu.buffer(0, x.numpy().tobytes()), gpu.buffer(m * n * 4), (x, packed, scales))
 
 
-def time_q4(gpu: Gpu, m: int, k: int, n: int, reps: int, check: bool = False):
-    """(seconds per call by timestamps or None, by wall time, kernel label)."""
+def q4_specs(gpu: Gpu, m: int, k: int, n: int) -> list:
+    """[(Dispatch, routed)]: every kernel that can run M = m on this device (GEMV for m == 1,
+    both GEMM tiles in each precision the device has otherwise), routed = the builder's pick."""
     import kernels_wgsl
     from kernels_wgsl import q4gsw as wq
 
+    attrs = {"group_size": GROUP, "K": k, "N": n}
+    ins = [(m, k), (n, k // 8), (k // GROUP, -(-n // 4) * 4), None]
+    info = kernels_wgsl.BuildInfo(gpu.dev, (torch.float32, torch.int32, torch.float32, None))
+    routed = next(s.label for s in wq.linear_q4gsw(ins, [(m, n)], attrs, info)
+                  if s.sizes(ins, [(m, n)], attrs)[1] > 0)
+    args, consts = (0, 1, 2, None, 4), (("HAS_BIAS", 0),)
+    always = lambda m, n: True  # noqa: E731
+    if m == 1:
+        specs = [wq.coop_gemv(sg, n, args, consts, always)
+                 for sg in ((False, True) if gpu.dev.has_subgroups else (False,))]
+    else:
+        specs = [wq.steel_gemm(tile, f16, n, args, consts, always)
+                 for tile in (wq.TILE, wq.TILE128)
+                 for f16 in ((True, False) if gpu.dev.has_f16 else (False,))
+                 if tile == wq.TILE or wq.tile128_fits(gpu.dev, f16)]
+    return [(s, s.label == routed) for s in specs]
+
+
+def time_q4(gpu: Gpu, spec, m: int, k: int, n: int, reps: int, check: bool = False):
+    """(seconds per call by timestamps or None, by wall time) of one kernel spec."""
     packed_bytes = n * k // 2
     copies = max(1, min(8, ROTATE_BYTES // packed_bytes)) if m == 1 else 1
     packs, scales, x, out, host = q4_operands(gpu, m, k, n, copies)
     attrs = {"group_size": GROUP, "K": k, "N": n}
     ins = [(m, k), (n, k // 8), (k // GROUP, -(-n // 4) * 4), None]
-    info = kernels_wgsl.BuildInfo(gpu.dev, (torch.float32, torch.int32, torch.float32, None))
-    specs = wq.linear_q4gsw(ins, [(m, n)], attrs, info)
-    spec = next(s for s in specs if s.sizes(ins, [(m, n)], attrs)[1] > 0)
     params, count = spec.sizes(ins, [(m, n)], attrs)
     grid = gpu.fold(count)
     bound = [gpu.bound(spec, [x, p, scales, None, out], params) for p in packs]
@@ -173,7 +194,7 @@ def time_q4(gpu: Gpu, m: int, k: int, n: int, reps: int, check: bool = False):
         _check(gpu, out, host, m, n, k)
     for b in packs + [scales, x, out]:
         b.destroy()
-    return t_ts, t_wall, spec.label or spec.entry
+    return t_ts, t_wall
 
 
 def _check(gpu, out, host, m, n, k):
@@ -235,6 +256,10 @@ def torch_fp16_tflops(m: int, k: int, n: int, reps: int):
 
 
 # ---- tables ------------------------------------------------------------------------------------
+def _name(spec, routed: bool) -> str:
+    return (spec.label or spec.entry) + (" *" if routed else "")
+
+
 def _best(t_ts, t_wall):
     return t_ts if t_ts is not None else t_wall
 
@@ -256,33 +281,37 @@ def gpu_tables(args) -> None:
     print(f"torch.cuda copy {copy_bytes >> 20} MiB: "
           f"{'n/a' if tc is None else f'{tc / 1e9:.1f} GB/s (read + write)'}\n")
 
-    print("GEMV (M = 1), packed weight bytes per second")
-    print(f"{'K':>6} {'N':>7} {'weights MiB':>12} {'kernel':>16} {'us':>9} {'wall us':>9} "
+    print("GEMV (M = 1), packed weight bytes per second; * = the kernel the builder routes to")
+    print(f"{'K':>6} {'N':>7} {'weights MiB':>12} {'kernel':>26} {'us':>9} {'wall us':>9} "
           f"{'GB/s':>8} {'% copy':>7} {'% torch copy':>13}")
     for k, n in shapes:
-        t_ts, t_wall, label = time_q4(gpu, 1, k, n, reps, check=n * k <= 2048 * 8192)
-        t = _best(t_ts, t_wall)
-        bw = n * k / 2 / t
-        print(f"{k:>6} {n:>7} {n * k / 2 / 2**20:>12.2f} {label:>16} "
-              f"{'-' if t_ts is None else f'{t_ts * 1e6:.1f}':>9} {t_wall * 1e6:>9.1f} "
-              f"{bw / 1e9:>8.1f} {100 * bw / copy_bw:>6.1f}% "
-              f"{'n/a' if tc is None else f'{100 * bw / tc:.1f}%':>13}")
+        for spec, routed in q4_specs(gpu, 1, k, n):
+            t_ts, t_wall = time_q4(gpu, spec, 1, k, n, reps, check=n * k <= 2048 * 8192)
+            t = _best(t_ts, t_wall)
+            bw = n * k / 2 / t
+            print(f"{k:>6} {n:>7} {n * k / 2 / 2**20:>12.2f} {_name(spec, routed):>26} "
+                  f"{'-' if t_ts is None else f'{t_ts * 1e6:.1f}':>9} {t_wall * 1e6:>9.1f} "
+                  f"{bw / 1e9:>8.1f} {100 * bw / copy_bw:>6.1f}% "
+                  f"{'n/a' if tc is None else f'{100 * bw / tc:.1f}%':>13}")
 
     ms = GEMM_MS if not args.quick else (128,)
     gemm_shapes = shapes if not args.quick else [(2048, 512)]
-    print("\nGEMM, TFLOP/s = 2*M*N*K / time; torch = fp16 matmul on the same GPU")
-    print(f"{'M':>5} {'K':>6} {'N':>7} {'kernel':>22} {'us':>10} {'TFLOP/s':>9} {'torch':>8} "
+    print("\nGEMM, TFLOP/s = 2*M*N*K / time; torch = fp16 matmul on the same GPU; * = routed")
+    print(f"{'M':>5} {'K':>6} {'N':>7} {'kernel':>26} {'us':>10} {'TFLOP/s':>9} {'torch':>8} "
           f"{'ratio':>6}")
     for m in ms:
         for k, n in gemm_shapes:
             flops = 2 * m * n * k
             r = max(2, min(reps, int(2e12 / flops))) if not args.quick else 2
-            t_ts, t_wall, label = time_q4(gpu, m, k, n, r, check=m * n * k <= 512 * 2048 * 8192)
-            tf = flops / _best(t_ts, t_wall) / 1e12
             ref = torch_fp16_tflops(m, k, n, 20)
-            print(f"{m:>5} {k:>6} {n:>7} {label:>22} {_best(t_ts, t_wall) * 1e6:>10.1f} "
-                  f"{tf:>9.3f} {'n/a' if ref is None else f'{ref:.1f}':>8} "
-                  f"{'n/a' if ref is None else f'{tf / ref:.3f}':>6}")
+            for spec, routed in q4_specs(gpu, m, k, n):
+                t_ts, t_wall = time_q4(gpu, spec, m, k, n, r,
+                                       check=m * n * k <= 512 * 2048 * 8192)
+                tf = flops / _best(t_ts, t_wall) / 1e12
+                print(f"{m:>5} {k:>6} {n:>7} {_name(spec, routed):>26} "
+                      f"{_best(t_ts, t_wall) * 1e6:>10.1f} {tf:>9.3f} "
+                      f"{'n/a' if ref is None else f'{ref:.1f}':>8} "
+                      f"{'n/a' if ref is None else f'{tf / ref:.3f}':>6}")
     gpu.release()
 
 

@@ -1,29 +1,86 @@
-"""linear_q4gsw on WebGPU: two kernels, routed per execute by the live M.
+"""linear_q4gsw on WebGPU: three kernels, routed per shape binding by the live M.
 
-    M == 1  q4gsw_coop_gemv.wgsl    64 lanes, 2 output columns per workgroup (decode)
-    M > 1   q4gsw_steel_gemm.wgsl   64x64 tile, 16x16 threads, BK 16 (prefill); f16 multiply
-                                    with f32 accumulation when the device has shader-f16, else
-                                    all f32 (the prelude picks tile_t)
+    M == 1        q4gsw_coop_gemv.wgsl       64 lanes, 8 output columns per workgroup (decode);
+                                             the lanes' sums meet by subgroupAdd when the device
+                                             has subgroups, else in workgroup memory
+    1 < M, small  q4gsw_steel_gemm.wgsl      64x64 tile, 16x16 threads, 4x4 per thread, BK 16
+    M >= TILE128_MIN_M and enough 128x128 tiles to fill the GPU:
+                  q4gsw_steel_gemm128.wgsl   128x128 tile, 256 threads, 8x8 per thread, BK 8,
+                                             double-buffered tiles of dequantized weights
 
-Both dispatches are built once per load; `sizes` gives the one that does not fit the live M a
-workgroup count of 0, so the executor skips it. Operands: x [..., K], packed int32 [N, K/8],
-scales float32 [K/gs, N padded to 4], bias [N] or absent, out [..., N].
+Both GEMMs multiply f16 tile values with f32 accumulation when the device has shader-f16, else
+run all in f32 (the prelude picks tile_t). Every dispatch is built once per load; `sizes` gives
+the ones that do not fit the live M a workgroup count of 0, so the executor skips them.
+Operands: x [..., K], packed int32 [N, K/8], scales float32 [K/gs, N padded to 4], bias [N] or
+absent, out [..., N]. K is a multiple of the group size (the op's check), so of 32.
 """
 from __future__ import annotations
 
+from pathlib import Path
 
 from kernels_wgsl import Dispatch, groups, numel, register_wgsl, words
 
-TILE = 64
-GEMV_COLS = 2
-GEMM, GEMV = "q4gsw_steel_gemm", "q4gsw_coop_gemv"
+GEMM, GEMM128, GEMV = "q4gsw_steel_gemm", "q4gsw_steel_gemm128", "q4gsw_coop_gemv"
+TILE, TILE128 = 64, 128
+GEMV_COLS = 8
+# The 128x128 tile from this M up (below it, most of its rows would be padding) and only when
+# the grid has at least this many tiles (fewer leave SMs idle that the 64x64 tile would fill).
+# Both are first guesses: tune them on the H200 with bench/q4gsw.py, which times every kernel.
+TILE128_MIN_M = 64
+TILE128_MIN_TILES = 64
+TILE128_THREADS = 256
 PRELUDE = {True: "enable f16;\nalias tile_t = f16;", False: "alias tile_t = f32;"}
+_DIR = Path(__file__).parent
+GEMV_REDUCE = {True: "q4gsw_gemv_reduce_subgroup.wgsl", False: "q4gsw_gemv_reduce_workgroup.wgsl"}
 
 
-def q4_params(m: int, attrs: dict) -> bytes:
+def q4_params(m: int, attrs: dict, tile: int) -> bytes:
     k, n = int(attrs["K"]), int(attrs["N"])
     return words(m, n, k, int(attrs["group_size"]), groups(n, 4) * 4, k // 8,
-                 groups(m, TILE), groups(n, TILE))
+                 groups(m, tile), groups(n, tile))
+
+
+def tile128_bytes(f16: bool) -> int:
+    """Workgroup memory of the 128x128 tile: 2 stages of x and weight tiles, 8 k x 128."""
+    return 2 * 2 * 8 * TILE128 * (2 if f16 else 4)
+
+
+def tile128_fits(gpu, f16: bool) -> bool:
+    limits = gpu.limits
+    return (limits.get("max-compute-workgroup-storage-size", 16384) >= tile128_bytes(f16)
+            and limits.get("max-compute-invocations-per-workgroup", 256) >= TILE128_THREADS)
+
+
+def uses_tile128(m: int, n: int) -> bool:
+    return m >= TILE128_MIN_M and groups(m, TILE128) * groups(n, TILE128) >= TILE128_MIN_TILES
+
+
+def _live_m(ins) -> int:
+    return numel(ins[0][:-1])
+
+
+def steel_gemm(tile: int, f16: bool, n: int, args: tuple, constants: tuple, runs) -> Dispatch:
+    """The GEMM of `tile` (64 or 128), dispatched when runs(m, n) for the live M."""
+    shader = GEMM if tile == TILE else GEMM128
+
+    def sizes(ins, outs, attrs):
+        m = _live_m(ins)
+        return q4_params(m, attrs, tile), (groups(m, tile) * groups(n, tile) if runs(m, n) else 0)
+
+    return Dispatch(shader, shader, args, (4,), sizes, constants,
+                    label=shader + ("_f16" if f16 else "_f32"), prelude=PRELUDE[f16])
+
+
+def coop_gemv(subgroups: bool, n: int, args: tuple, constants: tuple, runs) -> Dispatch:
+    """The GEMV, its cross-lane sums by subgroupAdd or through workgroup memory."""
+
+    def sizes(ins, outs, attrs):
+        m = _live_m(ins)
+        return q4_params(m, attrs, 1), (groups(n, GEMV_COLS) if runs(m, n) else 0)
+
+    return Dispatch(GEMV, GEMV, args, (4,), sizes, constants,
+                    label=GEMV + ("_subgroup" if subgroups else ""),
+                    prelude=(_DIR / GEMV_REDUCE[subgroups]).read_text())
 
 
 @register_wgsl("linear_q4gsw")
@@ -32,19 +89,11 @@ def linear_q4gsw(ins, outs, attrs, info):
     n = int(attrs["N"])
     constants = (("HAS_BIAS", int(has_bias)),)
     args = (0, 1, 2, 3 if has_bias else None, 4)
-
-    def gemm_sizes(ins, outs, attrs):
-        m = numel(ins[0][:-1])
-        return q4_params(m, attrs), (groups(m, TILE) * groups(n, TILE) if m > 1 else 0)
-
-    def gemv_sizes(ins, outs, attrs):
-        m = numel(ins[0][:-1])
-        return q4_params(m, attrs), (groups(n, GEMV_COLS) if m == 1 else 0)
-
     f16 = bool(info.gpu.has_f16)
-    return [
-        Dispatch(GEMM, GEMM, args, (4,), gemm_sizes, constants,
-                 label=GEMM + ("_f16" if f16 else "_f32"), prelude=PRELUDE[f16]),
-        Dispatch(GEMV, GEMV, args, (4,), gemv_sizes, constants, label=GEMV),
-    ]
-
+    subgroups = bool(info.gpu.has_subgroups)
+    gemv = coop_gemv(subgroups, n, args, constants, lambda m, n: m == 1)
+    if not tile128_fits(info.gpu, f16):
+        return [steel_gemm(TILE, f16, n, args, constants, lambda m, n: m > 1), gemv]
+    small = steel_gemm(TILE, f16, n, args, constants,
+                       lambda m, n: m > 1 and not uses_tile128(m, n))
+    return [small, steel_gemm(TILE128, f16, n, args, constants, uses_tile128), gemv]

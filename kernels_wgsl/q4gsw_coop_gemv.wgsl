@@ -1,12 +1,20 @@
 // linear_q4gsw decode (M == 1): cooperative GEMV over 4-bit group-symmetric weights.
 //   out[n] = bias[n] + sum_w scales[8w / gs, n] * dot(q[n, 8w .. 8w+7], x[8w .. 8w+7])
-// 64 lanes per workgroup, 2 output columns per workgroup. Lane l reads packed words
-// w = l, l + 64, ... of both columns' rows (consecutive lanes, consecutive words), unpacks the
-// 8 nibbles of each against two vec4<f32> activation loads, and the 64 partial sums meet in a
-// workgroup tree reduction. Each loop step issues four independent word loads per column
-// (clamped, not branched, so all four are in flight). All math is f32: the kernel is bound by
-// the weight reads. (Measured on an H200: one u32 per lane per load beat one vec4<u32> per
-// lane by ~1.9x; four loads per step beat one by ~6%.)
+// 64 lanes and 8 output columns per workgroup. Lane l takes words w = l, l + 64, ... of the 8
+// columns' rows (consecutive lanes read consecutive words), 4 words per column per loop step:
+// 32 independent u32 loads, 128 bytes, in flight per lane. A word's two activation vec4s and
+// the 8 columns' scales (two vec4 loads) serve all 8 columns. (Measured on an H200 at 2
+// columns: one u32 per lane beat one vec4<u32> per lane by ~1.9x. With vec4<u32> a lane's 32
+// activations are 128 contiguous bytes, so each warp-wide activation load touches 32 cache
+// lines instead of 8.)
+// Nibble decode with no int-to-float conversion (quarter rate on NVIDIA): OR-ing an integer
+// below 2^23 into the mantissa of 2^23 gives 2^23 + that integer exactly, so
+//   bitcast<f32>(0x4B000000 | (word & (0xF << 4i))) - (2^23 + 8 * 16^i) = (v_i - 8) * 16^i
+// is q_i * 16^i, and the activations are prescaled by 16^-i once per word (shared by the 8
+// columns): per nibble one and-or, one subtract and one FMA, all f32 and exact but for the
+// FMA's rounding.
+// The cross-lane sums and the entry point come from the prelude (q4gsw_gemv_reduce_*.wgsl):
+// subgroupAdd where the device has subgroups, else workgroup memory.
 
 override HAS_BIAS: bool = false;
 
@@ -18,67 +26,84 @@ struct Q4Params {
 @group(0) @binding(0) var<uniform> p: Q4Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> packed: array<u32>;
-@group(0) @binding(3) var<storage, read> scales: array<f32>;
+@group(0) @binding(3) var<storage, read> scales: array<vec4<f32>>;   // N padded to 4
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const LANES: u32 = 64u;
-const COLS: u32 = 2u;
-var<workgroup> partial: array<vec2<f32>, 64>;
+const COLS: u32 = 8u;
+const UNROLL: u32 = 4u;   // words per column per lane per loop step
+const NIBBLE_MASK = vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
+const F32_2P23: u32 = 0x4B000000u;
+const NIBBLE_BIAS = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376.0);   // 2^23 + 8*16^i
+const NIBBLE_WEIGHT = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-i
 
-// dot(q[8 nibbles of word] - 8, (lo, hi))
-fn word_dot(word: u32, lo: vec4<f32>, hi: vec4<f32>) -> f32 {
-    let shifts = vec4<u32>(0u, 4u, 8u, 12u);
-    let w = vec4<u32>(word);
-    let q_lo = vec4<f32>((w >> shifts) & vec4<u32>(0xFu)) - 8.0;
-    let q_hi = vec4<f32>((w >> (shifts + 16u)) & vec4<u32>(0xFu)) - 8.0;
-    return dot(q_lo, lo) + dot(q_hi, hi);
+// Sums for the workgroup's 8 columns: lo = n0..n0+3, hi = n0+4..n0+7.
+struct Cols8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
 }
 
-// Both columns' contributions of word w, or 0 past the row's end.
-fn word_step(w: u32, row0: u32, row1: u32, n0: u32, n1: u32) -> vec2<f32> {
+fn col_of(c: Cols8, j: u32) -> f32 {
+    return select(c.lo[j % 4u], c.hi[j % 4u], j >= 4u);
+}
+
+// sum_i q_i * x_i over the word's 8 nibbles; xs_lo/xs_hi are x[8w..8w+7] prescaled by 16^-i
+fn nibble_dot(word: u32, xs_lo: vec4<f32>, xs_hi: vec4<f32>) -> f32 {
+    let lo = bitcast<vec4<f32>>((vec4<u32>(word) & NIBBLE_MASK) | vec4<u32>(F32_2P23));
+    let hi = bitcast<vec4<f32>>((vec4<u32>(word >> 16u) & NIBBLE_MASK) | vec4<u32>(F32_2P23));
+    return dot(lo - NIBBLE_BIAS, xs_lo) + dot(hi - NIBBLE_BIAS, xs_hi);
+}
+
+// acc + word w of the 8 rows (first words rows_lo, rows_hi), scaled; nothing past the row's end
+// (the loads are clamped, not branched, so every step's loads are issued together).
+fn word_step(acc: Cols8, w: u32, rows_lo: vec4<u32>, rows_hi: vec4<u32>, s_lo: u32,
+             s_hi: u32) -> Cols8 {
     let ok = w < p.k_words;
     let wc = select(0u, w, ok);
-    let lo = x[2u * wc];
-    let hi = x[2u * wc + 1u];
-    let g = (8u * wc) / p.group_size * p.n_pad;
-    let d = vec2<f32>(word_dot(packed[row0 + wc], lo, hi), word_dot(packed[row1 + wc], lo, hi));
-    return select(vec2<f32>(0.0), vec2<f32>(scales[g + n0], scales[g + n1]) * d, ok);
+    let xs_lo = x[2u * wc] * NIBBLE_WEIGHT;
+    let xs_hi = x[2u * wc + 1u] * NIBBLE_WEIGHT;
+    let g = (8u * wc) / p.group_size * (p.n_pad / 4u);
+    let d_lo = vec4<f32>(nibble_dot(packed[rows_lo.x + wc], xs_lo, xs_hi),
+                         nibble_dot(packed[rows_lo.y + wc], xs_lo, xs_hi),
+                         nibble_dot(packed[rows_lo.z + wc], xs_lo, xs_hi),
+                         nibble_dot(packed[rows_lo.w + wc], xs_lo, xs_hi));
+    let d_hi = vec4<f32>(nibble_dot(packed[rows_hi.x + wc], xs_lo, xs_hi),
+                         nibble_dot(packed[rows_hi.y + wc], xs_lo, xs_hi),
+                         nibble_dot(packed[rows_hi.z + wc], xs_lo, xs_hi),
+                         nibble_dot(packed[rows_hi.w + wc], xs_lo, xs_hi));
+    var r = acc;
+    r.lo = r.lo + select(vec4<f32>(0.0), d_lo * scales[g + s_lo], ok);
+    r.hi = r.hi + select(vec4<f32>(0.0), d_hi * scales[g + s_hi], ok);
+    return r;
 }
 
-@compute @workgroup_size(64)
-fn q4gsw_coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lane: u32) {
-    let n0 = wg_linear(wid, nwg) * COLS;
-    if (n0 >= p.n) {
-        return;   // uniform per workgroup
+// This lane's share of columns n0..n0+7. Columns past N repeat column N-1 (never stored);
+// those past n_pad read the scales of n0..n0+3.
+fn lane_partials(n0: u32, lane: u32) -> Cols8 {
+    let last = vec4<u32>(p.n - 1u);
+    let rows_lo = min(vec4<u32>(n0) + vec4<u32>(0u, 1u, 2u, 3u), last) * p.k_words;
+    let rows_hi = min(vec4<u32>(n0) + vec4<u32>(4u, 5u, 6u, 7u), last) * p.k_words;
+    let s_lo = n0 / 4u;
+    let s_hi = select(s_lo, s_lo + 1u, n0 + 4u < p.n_pad);
+    var acc = Cols8();
+    for (var w0 = lane; w0 < p.k_words; w0 = w0 + UNROLL * LANES) {
+        acc = word_step(acc, w0, rows_lo, rows_hi, s_lo, s_hi);
+        acc = word_step(acc, w0 + LANES, rows_lo, rows_hi, s_lo, s_hi);
+        acc = word_step(acc, w0 + 2u * LANES, rows_lo, rows_hi, s_lo, s_hi);
+        acc = word_step(acc, w0 + 3u * LANES, rows_lo, rows_hi, s_lo, s_hi);
     }
-    let n1 = min(n0 + 1u, p.n - 1u);   // an odd last column computes its neighbour twice
-    let row0 = n0 * p.k_words;
-    let row1 = n1 * p.k_words;
-    var acc = vec2<f32>(0.0);
-    for (var w0 = lane; w0 < p.k_words; w0 = w0 + 4u * LANES) {
-        acc = acc + word_step(w0, row0, row1, n0, n1)
-                  + word_step(w0 + LANES, row0, row1, n0, n1)
-                  + word_step(w0 + 2u * LANES, row0, row1, n0, n1)
-                  + word_step(w0 + 3u * LANES, row0, row1, n0, n1);
-    }
-    partial[lane] = acc;
-    workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s = s / 2u) {
-        if (lane < s) {
-            partial[lane] = partial[lane] + partial[lane + s];
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u) {
-        var r = partial[0];
+    return acc;
+}
+
+// out[n0 + j] = the column's total (+ bias), for columns below N
+fn store_column(n0: u32, j: u32, total: f32) {
+    let n = n0 + j;
+    if (n < p.n) {
+        var y = total;
         if (HAS_BIAS) {
-            r = r + vec2<f32>(bias[n0], bias[n1]);
+            y = y + bias[n];
         }
-        out[n0] = r.x;
-        if (n1 != n0) {
-            out[n1] = r.y;
-        }
+        out[n] = y;
     }
 }

@@ -1,7 +1,10 @@
 """linear_q4gsw WGSL kernels on the WebGPU executor (lavapipe in CI), against the same fp64
 dequantize-then-matmul golden as the CPU kernel. One executor per (N, K, gs, bias) with a
-dynamic M runs every M of the grid, so both kernels and the per-execute routing are covered."""
+dynamic M runs every M of the grid, so all three kernels and the per-binding routing are
+covered, once per device variant: f16 tiles with the subgroup GEMV, and all-f32 with the
+workgroup-memory GEMV."""
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,12 +15,23 @@ from delegate.ops.q4gsw import pack_q4gsw
 from delegate.runtime.webgpu_executor import WebGpuExecutor
 from kernels_wgsl import BuildInfo
 from kernels_wgsl import q4gsw as wq
-from tests.test_q4gsw import GSS, KS, MS, NS, golden, random_q4
+from tests.test_q4gsw import golden, random_q4
 from tests.tolerances import tol
 
+# Prime-ish and ragged against every tile: 64x64 and 128x128 GEMM tiles, 8 GEMV columns.
+MS = (1, 2, 63, 64, 65, 129, 257)
+NS = (8, 36, 72, 136, 264)
+KS, GSS = (64, 256), (32, 64, 128)
 M_MAX = max(MS)
 CONFIGS = [(n, k, gs, bias) for n, k, gs, bias
            in itertools.product(NS, KS, GSS, (False, True)) if k % gs == 0]
+VARIANTS = {"f16+subgroup": (True, True), "f32+workgroup": (False, False)}
+# One model-sized K, many K-steps and groups, on the all-f32 variant only: with f16 tiles the
+# activations' rounding (2^-11 each, the 64x64 tile's as much as the 128x128 one's) sums to
+# ~1e-2 absolute over K = 2048, past the "webgpu" row's atol, which was set at K <= 512.
+GRID = ([(v,) + c for v in VARIANTS for c in CONFIGS]
+        + [("f32+workgroup", 264, 2048, 128, True)])
+ENTRY_FOR_M = {1: wq.GEMV, 2: wq.GEMM, 63: wq.GEMM}   # M >= 64: the 128x128 tile (forced below)
 
 
 def q4gsw_graph(n: int, k: int, gs: int, bias: bool, m_max: int = M_MAX, lead=()):
@@ -48,49 +62,100 @@ def weights_for(n, k, gs, bias, seed=0):
     return qdata, scale, b, w
 
 
+def _device_variant(monkeypatch, f16: bool, subgroups: bool):
+    """The process-wide device as one with (or without) shader-f16 and subgroups looks to the
+    builders; a feature the adapter lacks cannot be switched on."""
+    gpu = kernels_wgsl.device.get_device()
+    if (f16 and not gpu.has_f16) or (subgroups and not gpu.has_subgroups):
+        pytest.skip(f"adapter {gpu.name}: lacks shader-f16 or subgroup")
+    monkeypatch.setattr(gpu, "has_f16", f16)
+    monkeypatch.setattr(gpu, "has_subgroups", subgroups)
+    return gpu
+
+
+@pytest.fixture(params=list(VARIANTS))
+def variant(request, monkeypatch):
+    return _device_variant(monkeypatch, *VARIANTS[request.param])
+
+
 @pytest.fixture
-def f32_only_device():
-    """The device as one without shader-f16 would look: builders pick the all-f32 GEMM."""
-    gpu = kernels_wgsl.device.get_device()
-    had = gpu.has_f16
-    gpu.has_f16 = False
-    yield gpu
-    gpu.has_f16 = had
+def f32_only_device(monkeypatch):
+    """The device as one without shader-f16 or subgroups: the all-f32 GEMMs, the plain GEMV."""
+    return _device_variant(monkeypatch, False, False)
 
 
-def _tol():
-    gpu = kernels_wgsl.device.get_device()
+def _tol(gpu=None):
+    gpu = gpu or kernels_wgsl.device.get_device()
     return tol("q4gsw", "webgpu" if gpu.has_f16 else "webgpu-f32")
 
 
-@pytest.mark.parametrize("n,k,gs,bias", CONFIGS)
-def test_wgsl_kernels_match_fp64_dequant_matmul_at_every_m(n, k, gs, bias):
+def _run(ex, x) -> tuple:
+    """(output, entry points that ran) of one execute."""
+    outs, times, _ = ex.execute_profiled([x])
+    return outs[0], [label.split(" ")[0] for label, _ in times]
+
+
+@pytest.mark.parametrize("variant_name,n,k,gs,bias", GRID)
+def test_wgsl_kernels_match_fp64_dequant_matmul_at_every_m(monkeypatch, variant_name, n, k, gs,
+                                                            bias):
+    variant = _device_variant(monkeypatch, *VARIANTS[variant_name])
+    monkeypatch.setattr(wq, "TILE128_MIN_TILES", 1)   # M >= 64 takes the 128x128 tile at any N
     qdata, scale, b, weights = weights_for(n, k, gs, bias, seed=n + k + gs)
     ex = WebGpuExecutor(q4gsw_graph(n, k, gs, bias), weights)
     try:
         for m in MS:
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-            got = ex.execute([x])[0]
+            got, ran = _run(ex, x)
+            assert ran == [ENTRY_FOR_M.get(m, wq.GEMM128)]
             assert got.shape == (m, n)
-            torch.testing.assert_close(got.double(), golden(x, qdata, scale, gs, b), **_tol(),
-                                       msg=lambda e: f"M={m}: {e}")
+            torch.testing.assert_close(got.double(), golden(x, qdata, scale, gs, b),
+                                       **_tol(variant), msg=lambda e: f"M={m}: {e}")
+    finally:
+        ex.destroy()
+
+
+@pytest.mark.parametrize("n,k,gs", [(136, 256, 64), (36, 64, 32)])
+def test_small_tile_gemm_covers_several_row_tiles(variant, monkeypatch, n, k, gs):
+    monkeypatch.setattr(wq, "TILE128_MIN_M", 10**9)   # every M > 1 on the 64x64 tile
+    qdata, scale, b, weights = weights_for(n, k, gs, True, seed=5)
+    ex = WebGpuExecutor(q4gsw_graph(n, k, gs, True), weights)
+    try:
+        for m in (65, 129, 257):
+            x = torch.randn(m, k)
+            got, ran = _run(ex, x)
+            assert ran == [wq.GEMM]
+            torch.testing.assert_close(got.double(), golden(x, qdata, scale, gs, b),
+                                       **_tol(variant), msg=lambda e: f"M={m}: {e}")
     finally:
         ex.destroy()
 
 
 @pytest.mark.parametrize("n,k,gs", [(72, 512, 128), (200, 64, 32)])
-def test_all_f32_gemm_variant_matches_tighter(f32_only_device, n, k, gs):
+def test_all_f32_gemm_variants_match_tighter(f32_only_device, monkeypatch, n, k, gs):
+    monkeypatch.setattr(wq, "TILE128_MIN_TILES", 1)
     qdata, scale, b, weights = weights_for(n, k, gs, True, seed=3)
     ex = WebGpuExecutor(q4gsw_graph(n, k, gs, True), weights)
     try:
         labels = [d[1] for d in ex.dispatch_list()]
-        assert "q4gsw_steel_gemm_f32" in labels
+        assert {"q4gsw_steel_gemm_f32", "q4gsw_steel_gemm128_f32", wq.GEMV} <= set(labels)
         for m in (2, 65):
             x = torch.randn(m, k)
             torch.testing.assert_close(ex.execute([x])[0].double(), golden(x, qdata, scale, gs, b),
                                        **tol("q4gsw", "webgpu-f32"))
     finally:
         ex.destroy()
+
+
+def test_gemv_takes_the_subgroup_sums_only_where_the_device_has_subgroups(monkeypatch):
+    gpu = kernels_wgsl.device.get_device()
+    info = BuildInfo(gpu, (torch.float32, torch.int32, torch.float32, None))
+    attrs = {"group_size": 32, "K": 64, "N": 8}
+    shapes = [(4, 64), (8, 8), (2, 8), None]
+    for has in ((True, False) if gpu.has_subgroups else (False,)):
+        monkeypatch.setattr(gpu, "has_subgroups", has)
+        gemv = next(d for d in wq.linear_q4gsw(shapes, [(4, 8)], attrs, info) if d.entry == wq.GEMV)
+        assert ("subgroupAdd" in gemv.prelude) == has
+        assert gemv.label == wq.GEMV + ("_subgroup" if has else "")
 
 
 def test_batched_activation_with_one_row_takes_the_gemv():
@@ -106,16 +171,32 @@ def test_batched_activation_with_one_row_takes_the_gemv():
         ex.destroy()
 
 
-@pytest.mark.parametrize("m,kernel", [(1, wq.GEMV), (2, wq.GEMM), (65, wq.GEMM)])
-def test_live_m_routes_to_exactly_one_kernel(m, kernel):
-    attrs = {"group_size": 64, "K": 128, "N": 200}
-    info = BuildInfo(kernels_wgsl.device.get_device(), (torch.float32, torch.int32, torch.float32,
-                                                        None))
-    shapes = [(M_MAX, 128), (200, 16), (2, 200), None]
-    dispatches = wq.linear_q4gsw(shapes, [(M_MAX, 200)], attrs, info)
-    live = [(m, 128)] + shapes[1:]
-    ran = [d.entry for d in dispatches if d.sizes(live, [(m, 200)], attrs)[1] > 0]
-    assert ran == [kernel]
+def _entries_for(m: int, n: int, k: int = 2048, gpu=None) -> list:
+    """Entry points the builder's dispatches run at live M (default thresholds)."""
+    gpu = gpu or kernels_wgsl.device.get_device()
+    attrs = {"group_size": 32, "K": k, "N": n}
+    info = BuildInfo(gpu, (torch.float32, torch.int32, torch.float32, None))
+    shapes = [(4096, k), (n, k // 8), (k // 32, -(-n // 4) * 4), None]
+    dispatches = wq.linear_q4gsw(shapes, [(4096, n)], attrs, info)
+    live = [(m, k)] + shapes[1:]
+    return [d.entry for d in dispatches if d.sizes(live, [(m, n)], attrs)[1] > 0]
+
+
+@pytest.mark.parametrize("m,n,kernel", [(1, 200, wq.GEMV), (2, 200, wq.GEMM), (65, 200, wq.GEMM),
+                                        (63, 8192, wq.GEMM), (64, 8192, wq.GEMM128),
+                                        (512, 8192, wq.GEMM128), (512, 512, wq.GEMM),
+                                        (2048, 512, wq.GEMM128)])
+def test_live_m_routes_to_exactly_one_kernel(m, n, kernel):
+    assert _entries_for(m, n) == [kernel]
+
+
+@pytest.mark.parametrize("f16,storage,wide", [(False, 16384, True), (False, 8192, False),
+                                              (True, 8192, True), (True, 4096, False)])
+def test_128_tile_only_where_its_workgroup_memory_fits(f16, storage, wide):
+    gpu = SimpleNamespace(has_f16=f16, has_subgroups=False,
+                          limits={"max-compute-workgroup-storage-size": storage,
+                                  "max-compute-invocations-per-workgroup": 256})
+    assert _entries_for(512, 8192, gpu=gpu) == [wq.GEMM128 if wide else wq.GEMM]
 
 
 def test_weights_stay_packed_on_the_gpu():
