@@ -230,7 +230,9 @@ def _hints(val) -> dict:
     out = {}
     for s in val.shape:
         if isinstance(s, torch.SymInt) and not s.node.expr.is_number:
-            for sym, v in s.node.shape_env.var_to_val.items():
+            env = s.node.shape_env
+            hints = getattr(env, "backed_var_to_val", None) or env.var_to_val
+            for sym, v in hints.items():
                 out[str(sym)] = int(v)
     return out
 
