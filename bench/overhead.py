@@ -121,7 +121,9 @@ def chain(args) -> list:
             rows += [(f"chain {n} dispatches webgpu: wall", wall, "µs"),
                      ("  GPU timestamps sum", gpu, "µs"),
                      ("  encode only, per dispatch", _encode_us(executor, x) / n, "µs"),
-                     ("  host per dispatch ((wall - GPU) / dispatches)", (wall - gpu) / n, "µs")]
+                     ("  host per dispatch ((wall - GPU) / dispatches)", (wall - gpu) / n, "µs"),
+                     ("  host (wall - GPU) / budget (6 µs x dispatches + 200 µs)",
+                      (wall - gpu) / (6 * n + 200), "x")]
         prog.destroy()
     return rows
 
@@ -195,7 +197,9 @@ def llama(args) -> list:
                  (f"  GPU timestamps sum ({n} dispatches)", gpu, "µs"),
                  ("  wall / GPU", wall * 1e3 / gpu, "x"),
                  ("  encode only, per dispatch", _encode_us(executor, x) / n, "µs"),
-                 ("  host per execute (wall - GPU)", wall * 1e3 - gpu, "µs")]
+                 ("  host per execute (wall - GPU)", wall * 1e3 - gpu, "µs"),
+                 ("  host / budget (6 µs x dispatches + 200 µs)", (wall * 1e3 - gpu) / (6 * n + 200),
+                  "x")]
     prog.destroy()
     return rows
 
