@@ -147,6 +147,19 @@ class Block(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
+class Reduction(nn.Module):
+    def forward(self, x):
+        return (x.sum(1), x.mean((0, -1), keepdim=True), x.amax(-1), x.amin((0, 2)),
+                x.var(1, correction=0), x.mean(), x.sum())
+
+
+class Pooling(nn.Module):
+    def forward(self, x):
+        return (F.max_pool2d(x, 3, 2, 1, ceil_mode=True), F.avg_pool2d(x, 3, 2, 1),
+                F.adaptive_avg_pool2d(x, (2, 3)), F.interpolate(x, scale_factor=2.0),
+                F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=True))
+
+
 def _t(*shape):
     return torch.randn(shape)
 
@@ -162,6 +175,8 @@ FAMILIES = {
     "attention": (Attention, lambda: (_t(1, 4, 5, 8), _t(1, 4, 7, 8), _t(1, 4, 7, 6),
                                       _t(1, 2, 7, 8), _t(1, 2, 7, 6),
                                       torch.rand(5, 7) > 0.3, _t(1, 1, 5, 7))),
+    "reduction": (Reduction, lambda: (_t(3, 5, 7),)),
+    "pooling": (Pooling, lambda: (_t(2, 3, 11, 13),)),
 }
 # Targets the kept graphs may hold that no family here claims: sizes (delegate/ops/symbolic.py)
 # and the constant bias factory of Linear's addmm.
