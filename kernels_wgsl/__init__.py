@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from delegate.errors import UnknownOperatorError
+from delegate.errors import UnknownOperatorError, UnsupportedError
 from delegate.plugins import import_families
 from delegate.shape_math import numel  # noqa: F401  (re-exported for the builders)
 
@@ -134,8 +134,11 @@ def words(*values) -> bytes:
     for x in flat:
         if isinstance(x, float):
             out += struct.pack("<f", x)
-        else:
-            out += struct.pack("<i" if int(x) < 0 else "<I", int(x))
+            continue
+        x = int(x)
+        if not -(1 << 31) <= x < (1 << 32):   # sizes past 32 bits cannot be indexed in WGSL
+            raise UnsupportedError(f"kernel parameter: expected a 32-bit integer, got {x}")
+        out += struct.pack("<i" if x < 0 else "<I", x)
     out += bytes(-len(out) % 16)
     return bytes(out)
 
@@ -146,8 +149,6 @@ MAX_RANK = 8
 def padded(seq, n: int = MAX_RANK, fill: int = 0) -> list:
     seq = list(seq)
     if len(seq) > n:
-        from delegate.errors import UnsupportedError
-
         raise UnsupportedError(f"tensor rank: expected at most {n}, got {len(seq)}")
     return seq + [fill] * (n - len(seq))
 
