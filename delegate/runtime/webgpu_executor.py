@@ -22,7 +22,7 @@ import torch
 
 import kernels_wgsl
 from delegate import symexpr
-from delegate.errors import DelegateError, DeviceError, InputError, UnsupportedError
+from delegate.errors import BlobError, DelegateError, DeviceError, InputError, UnsupportedError
 from delegate.ir import Graph, TensorValue
 from delegate.runtime import planner
 from delegate.runtime.graph_plan import GraphPlan
@@ -118,9 +118,15 @@ class WebGpuExecutor:
         ins = [None if v == -1 else self.graph.values[v].max_shape for v in node.inputs]
         outs = [self.graph.values[v].max_shape for v in node.outputs]
         dtypes = tuple(None if v == -1 else self.graph.values[v].dtype for v in node.inputs)
-        specs = kernel.build(ins, outs, attrs,
-                             kernels_wgsl.BuildInfo(self._gpu, dtypes, scratch=True))
-        return [(spec, len(spec.sizes(ins, outs, attrs)[0])) for spec in specs]
+        info = kernels_wgsl.BuildInfo(self._gpu, dtypes, scratch=True)
+        try:
+            specs = kernel.build(ins, outs, attrs, info)
+            return [(spec, len(spec.sizes(ins, outs, attrs)[0])) for spec in specs]
+        except DelegateError:
+            raise
+        except Exception as e:  # noqa: BLE001 - shapes our own lowering never writes
+            raise BlobError(f"node {node.name or node.op}: expected shapes and attributes its "
+                            f"WGSL kernel can be built for, got {type(e).__name__}: {e}") from e
 
     def _scratch_buffers(self, specs: list) -> list:
         """Scratch operand j of any dispatch binds buffer j, sized for the largest request:
@@ -265,7 +271,13 @@ class WebGpuExecutor:
 
     def _write_params(self, d: BoundDispatch, block, ins, outs, attrs, st):
         """Pack one dispatch's params into the block; its grid, or None when it is skipped."""
-        params, count = d.spec.sizes(ins, outs, attrs)
+        try:
+            params, count = d.spec.sizes(ins, outs, attrs)
+        except DelegateError:
+            raise
+        except Exception as e:  # noqa: BLE001 - as in _specs
+            raise BlobError(f"{st.where()} {d.spec.entry}: expected shapes its params can be "
+                            f"packed for, got {type(e).__name__}: {e}") from e
         if len(params) > d.params_size:
             raise DelegateError(f"{st.where()} {d.spec.entry} params: expected at most "
                                 f"{d.params_size} bytes (upper-bound shapes), got {len(params)}")
