@@ -44,7 +44,7 @@ class CpuExecutor:
         self._kernels = [kernels_cpu.get_kernel(n.op) for n in graph.nodes]
         self.plan = GraphPlan(graph, self._replay)
         self._plan_arena()
-        need = self._scratch_bytes()
+        need = scratch_bytes(self.plan, dict(enumerate(self._kernels)))
         self._scratch = ScratchArena(0)
         self._scratch_view = self._scratch.adopt(allocate(need, "kernel scratch"))
 
@@ -55,19 +55,6 @@ class CpuExecutor:
         self._offsets, total = planner.plan_offsets(sizes, lives)
         self._capacity = sizes
         self._arena = allocate(total, "value arena")
-
-    def _scratch_bytes(self) -> int:
-        env = self.plan.max_env()
-        workers = get_pool().num_threads
-        max_shapes = {vid: v.max_shape for vid, v in enumerate(self.graph.values)
-                      if isinstance(v, TensorValue)}
-        need = 0
-        for st, kernel in zip(self.plan.steps, self._kernels):
-            if kernel.scratch_nbytes is not None:
-                attrs = symexpr.resolve(st.attrs, env) if st.symbols else st.attrs
-                in_shapes = [None if v == -1 else max_shapes[v] for v in st.inputs]
-                need = max(need, int(kernel.scratch_nbytes(in_shapes, attrs, workers)))
-        return need
 
     # ---- per binding ---------------------------------------------------------------------------
     def _replay(self, b: Binding) -> Replay:
@@ -226,3 +213,20 @@ class CpuExecutor:
         self._scratch.release()
         self._scratch_view = None
         self.plan = None
+
+
+def scratch_bytes(plan: GraphPlan, kernels: dict) -> int:
+    """Scratch the hungriest of these kernels (step index -> CpuKernel) needs at the upper
+    bounds; the CPU fallback inside a WebGPU load sizes its scratch with it too."""
+    env = plan.max_env()
+    workers = get_pool().num_threads
+    max_shapes = {vid: v.max_shape for vid, v in enumerate(plan.graph.values)
+                  if isinstance(v, TensorValue)}
+    need = 0
+    for st in plan.steps:
+        kernel = kernels.get(st.index)
+        if kernel is not None and kernel.scratch_nbytes is not None:
+            attrs = symexpr.resolve(st.attrs, env) if st.symbols else st.attrs
+            in_shapes = [None if v == -1 else max_shapes[v] for v in st.inputs]
+            need = max(need, int(kernel.scratch_nbytes(in_shapes, attrs, workers)))
+    return need

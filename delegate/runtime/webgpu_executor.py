@@ -24,7 +24,10 @@ import kernels_wgsl
 from delegate import symexpr
 from delegate.errors import BlobError, DelegateError, DeviceError, InputError, UnsupportedError
 from delegate.ir import Graph, TensorValue
-from delegate.runtime import planner
+import kernels_cpu
+from delegate.runtime import cpu_fallback, planner
+from delegate.runtime.cpu_executor import scratch_bytes
+from delegate.runtime.memory import allocate
 from delegate.runtime.graph_plan import GraphPlan
 from delegate.runtime.values import resize_within
 from kernels_wgsl.device import get_device
@@ -59,6 +62,7 @@ class Replay:
     reads: list           # [(output index, source buffer, readback offset, nbytes)]
     readback_bytes: int
     dynamic: list         # [(step index, BoundDispatch)] whose params follow offset symbols
+    parts: list           # dispatch lists and CpuRuns in node order ([dispatches] without any)
 
 
 @dataclass
@@ -91,7 +95,9 @@ class WebGpuExecutor:
     # ---- build -----------------------------------------------------------------------------
     def _build(self, weights: dict) -> None:
         nodes = self.graph.nodes   # folded ops (size queries, ...) emit no IR node
-        kernels = [kernels_wgsl.get_kernel(n.op) for n in nodes]
+        kernels = [kernels_wgsl.get_kernel(n.op) if kernels_wgsl.has_kernel(n.op) else None
+                   for n in nodes]
+        self._plan_fallback(nodes, kernels, weights)
         self._root = _alias_roots(nodes, kernels)
         self._loc: dict = {}          # value id -> slot id (activations) or weight buffer
         self._upload_weights(weights)
@@ -110,9 +116,22 @@ class WebGpuExecutor:
             self._steps.append(bound)
         self._readback = self._readback_buffer()
 
+    def _plan_fallback(self, nodes, kernels, weights: dict) -> None:
+        """Nodes with no WGSL kernel run on the CPU kernels (cpu_fallback): those kernels, the
+        host copies of the weights they read, and their scratch."""
+        self._cpu_kernels = {i: kernels_cpu.get_kernel(n.op)
+                             for i, (n, k) in enumerate(zip(nodes, kernels)) if k is None}
+        values = self.graph.values
+        self._host_weights = {vid: weights[values[vid].constant_key]
+                              for i in self._cpu_kernels for vid in nodes[i].inputs
+                              if vid != -1 and getattr(values[vid], "constant_key", None)}
+        self._cpu_scratch = allocate(scratch_bytes(self.plan, self._cpu_kernels),
+                                     "CPU fallback scratch") if self._cpu_kernels else None
+        self._staging = None
+
     def _specs(self, node, kernel, env: dict) -> list:
         """[(Dispatch, params bytes at the upper-bound shapes)] of one node."""
-        if kernel.alias:
+        if kernel is None or kernel.alias:   # a CPU node, or a view of its input's bytes
             return []
         attrs = symexpr.resolve(node.attrs, env)
         ins = [None if v == -1 else self.graph.values[v].max_shape for v in node.inputs]
@@ -252,22 +271,38 @@ class WebGpuExecutor:
     # ---- per binding -----------------------------------------------------------------------
     def _replay(self, b) -> Replay:
         block = bytearray(self._params_buffer.size)
-        plan, dynamic = [], []
+        plan, dynamic, parts, cpu_steps, host = [], [], [[]], [], {}
         for st, attrs, bound in zip(self.plan.steps, b.attrs, self._steps):
+            if st.index in self._cpu_kernels:
+                cpu_steps.append(st)
+                continue
+            if cpu_steps:   # a run of CPU nodes ends here
+                parts += [cpu_fallback.build_run(self, cpu_steps, b, host), []]
+                cpu_steps = []
             ins = [None if v == -1 else b.live[v] for v in st.inputs]
             outs = [b.live[v] for v in st.outputs]
             for d in bound:
                 grid = self._write_params(d, block, ins, outs, attrs, st)
                 if grid is not None:
                     plan.append((d, grid))
+                    parts[-1].append((d, grid))
                 if st.index in self.plan.dynamic_steps:
                     dynamic.append((st.index, d))
+        if cpu_steps:
+            parts += [cpu_fallback.build_run(self, cpu_steps, b, host), []]
+        self._size_staging(parts)
         reads, offset = [], 0
         for j, vid in enumerate(self.graph.outputs):
             size = kernels_wgsl.numel(b.live[vid]) * ELEMENT_BYTES
             reads.append((j, self._buffer_of(vid), offset, size))
             offset += size
-        return Replay(plan, bytes(block), reads, offset, dynamic)
+        return Replay(plan, bytes(block), reads, offset, dynamic, parts)
+
+    def _size_staging(self, parts: list) -> None:
+        need = max((p.staging_bytes for p in parts if isinstance(p, cpu_fallback.CpuRun)),
+                   default=0)
+        if need and (self._staging is None or self._staging.size < need):
+            self._staging = cpu_fallback.staging_buffer(self, max(need, MIN_BUFFER))
 
     def _write_params(self, d: BoundDispatch, block, ins, outs, attrs, st):
         """Pack one dispatch's params into the block; its grid, or None when it is skipped."""
@@ -290,7 +325,11 @@ class WebGpuExecutor:
         b = self.plan.binding_for(inputs)
         self._upload(b, inputs)
         encoder = self._gpu.device.create_command_encoder()
-        self._encode(encoder.begin_compute_pass(), b.payload.dispatches)
+        for part in b.payload.parts:
+            if isinstance(part, list):
+                self._encode(encoder.begin_compute_pass(), part)
+            else:   # nodes with no WGSL kernel: submit, run them on the CPU, go on
+                encoder = cpu_fallback.run(self, part, encoder, inputs)
         return self._finish(encoder, b, outputs)
 
     def _upload(self, b, inputs: list) -> None:
@@ -324,8 +363,8 @@ class WebGpuExecutor:
         self._upload(b, inputs)
         plan = b.payload.dispatches
         labels = [f"{d.spec.entry} [{d.op}]" for d, _ in plan]
-        if not self._gpu.has_timestamps:
-            return self._wall_profiled(b, labels)
+        if not self._gpu.has_timestamps or len(b.payload.parts) > 1:
+            return self._wall_profiled(b, inputs)
         import wgpu
 
         device = self._gpu.device
@@ -349,18 +388,26 @@ class WebGpuExecutor:
         times = [(lab, float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9) for i, lab in enumerate(labels)]
         return outs, times, "gpu"
 
-    def _wall_profiled(self, b, labels) -> tuple:
+    def _wall_profiled(self, b, inputs) -> tuple:
+        """Each dispatch submitted and waited for on its own; a CPU fallback run timed whole."""
         import time
 
-        times = []
-        for item, label in zip(b.payload.dispatches, labels):
-            encoder = self._gpu.device.create_command_encoder()
-            self._encode(encoder.begin_compute_pass(), [item])
-            t0 = time.perf_counter()
-            self._gpu.queue.submit([encoder.finish()])
-            self._gpu.queue.read_buffer(self._dummy)   # waits for the submission to finish
-            times.append((label, time.perf_counter() - t0))
-        return self._finish(self._gpu.device.create_command_encoder(), b, None), times, "wall"
+        times, device = [], self._gpu.device
+        for part in b.payload.parts:
+            if not isinstance(part, list):
+                t0 = time.perf_counter()
+                cpu_fallback.run(self, part, device.create_command_encoder(), inputs)
+                ops = sorted({self.plan.steps[i].op for i in part.steps})
+                times.append((f"cpu fallback [{', '.join(ops)}]", time.perf_counter() - t0))
+                continue
+            for d, grid in part:
+                encoder = device.create_command_encoder()
+                self._encode(encoder.begin_compute_pass(), [(d, grid)])
+                t0 = time.perf_counter()
+                self._gpu.queue.submit([encoder.finish()])
+                self._gpu.queue.read_buffer(self._dummy)   # waits for the submission to finish
+                times.append((f"{d.spec.entry} [{d.op}]", time.perf_counter() - t0))
+        return self._finish(device.create_command_encoder(), b, None), times, "wall"
 
     @staticmethod
     def _encode(compute, plan) -> None:
@@ -450,7 +497,7 @@ def _alias_roots(nodes, kernels) -> dict:
     """value id -> the value whose bytes it reinterprets, for outputs of alias (view) kernels."""
     root = {}
     for node, kernel in zip(nodes, kernels):
-        if kernel.alias:
+        if kernel is not None and kernel.alias:
             src = node.inputs[0]
             root[node.outputs[0]] = root.get(src, src)
     return root

@@ -74,14 +74,18 @@ def choose_device(requested: str, graph, adapter: str | None = None) -> str:
 def _webgpu_unavailable(graph, adapter: str | None) -> tuple:
     """("", the GpuDevice) when WebGPU can run this graph, else (the reason it cannot, None)."""
     try:
+        import kernels_cpu
         import kernels_wgsl
         from delegate.runtime import webgpu_executor  # noqa: F401
         from kernels_wgsl.device import get_device
     except ImportError as e:
         return f"the WebGPU executor is not available ({e})", None
     missing = sorted({n.op for n in graph.nodes if not kernels_wgsl.has_kernel(n.op)})
-    if missing:
-        return f"no WGSL kernel for {missing}", None
+    unrunnable = [op for op in missing if not kernels_cpu.has_kernel(op)]
+    if unrunnable:
+        return f"no WGSL or CPU kernel for {unrunnable}", None
+    if missing:   # run inside the WebGPU load on the CPU kernels (delegate/runtime/cpu_fallback)
+        log.info("etwgpu: webgpu runs %s on the CPU kernels (no WGSL kernel)", missing)
     try:
         return "", get_device(adapter)
     except DeviceError as e:
