@@ -28,8 +28,6 @@ import time
 
 import torch
 
-from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  registers llama ops
-from executorch.extension.pybindings import portable_lib
 from delegate.timing import timed
 from delegate.ops.gated_delta_rule import gated_delta_rule
 from kernels_cpu.threadpool import set_num_threads
@@ -76,9 +74,18 @@ def flops(T: int) -> float:
     return T * H * K * V * 7.0
 
 
+def et_runtime():
+    """ExecuTorch's C++ op and thread pool, for the CPU table only: the device machine's torch
+    has no matching ExecuTorch C++ build, and the GPU table needs neither."""
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  registers llama ops
+    from executorch.extension.pybindings import portable_lib
+
+    return portable_lib
+
+
 def set_threads(n: int) -> None:
     set_num_threads(n)
-    portable_lib._unsafe_reset_threadpool(n)
+    et_runtime()._unsafe_reset_threadpool(n)
     torch.set_num_threads(n)
 
 
@@ -189,7 +196,7 @@ def cpu_table(args) -> None:
           f"{'naive ms':>11} {'GFLOP/s':>8} {'sgemm':>7} {'%sgemm':>6}")
     for n in (int(s) for s in args.threads.split(",")):
         set_threads(n)
-        et_threads = portable_lib._threadpool_get_thread_count()
+        et_threads = et_runtime()._threadpool_get_thread_count()
         peak = sgemm_gflops()
         for T in (int(s) for s in args.ts.split(",")):
             reps = 200 if T == 1 else (5 if T <= 512 else 3)

@@ -39,6 +39,10 @@ _SAME_ON_GPU = (torch.float32, torch.int32)   # uploaded as they are
 _NP_DTYPES = {torch.float32: np.float32, torch.int32: np.int32, torch.int64: np.int32,
               torch.bool: np.int32}
 ELEMENT_BYTES = 4
+# A dispatch list this long goes out in two submits, so the GPU runs the first half while the
+# second is encoded. Measured on the H200 (Llama-shaped layer, 18 dispatches, T=1): one submit
+# 395-446 µs, two 360-367 µs, four 363-379 µs.
+SPLIT_SUBMIT_MIN = 16
 MIN_BUFFER = 16
 
 
@@ -326,10 +330,15 @@ class WebGpuExecutor:
         self._upload(b, inputs)
         encoder = self._gpu.device.create_command_encoder()
         for part in b.payload.parts:
-            if isinstance(part, list):
-                self._encode(encoder.begin_compute_pass(), part)
-            else:   # nodes with no WGSL kernel: submit, run them on the CPU, go on
+            if not isinstance(part, list):   # nodes with no WGSL kernel: run them on the CPU
                 encoder = cpu_fallback.run(self, part, encoder, inputs)
+                continue
+            if len(part) >= SPLIT_SUBMIT_MIN:   # the GPU starts while the rest is encoded
+                half = len(part) // 2
+                self._encode(encoder.begin_compute_pass(), part[:half])
+                self._gpu.queue.submit([encoder.finish()])
+                encoder, part = self._gpu.device.create_command_encoder(), part[half:]
+            self._encode(encoder.begin_compute_pass(), part)
         return self._finish(encoder, b, outputs)
 
     def _upload(self, b, inputs: list) -> None:
