@@ -165,3 +165,24 @@ def test_without_scratch_every_length_runs_the_recurrence():
 def test_heads_wider_than_256_are_refused():
     with pytest.raises(UnsupportedError, match="K, V <= 256"):
         _build(make_inputs(2, B=1, Hq=1, Hs=1, K=260, V=4))
+
+
+@pytest.mark.parametrize("T", [1, 40])   # the recurrent route and the chunked one
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_nan_propagates_like_the_token_loop(T, where):
+    """A NaN in q spoils only that token's output; in k or v it enters the state, and every
+    later output and the final state of that head are NaN: the NaN masks match the float64
+    token loop's (the chunked route included: no NaN reaches the chunk's earlier tokens), and
+    the finite values match it too. (An Inf is left out: whether inf - inf or inf * 0 comes
+    first is a matter of association, where the loop and the chunked form differ.)"""
+    inputs = make_inputs(T)
+    t = T // 2
+    arg = {"query": 0, "key": 1, "value": 2}[where]
+    inputs[arg][0, 0, t, 1] = float("nan")
+    out, state = run_wgsl("gated_delta_rule", inputs, {})
+    ref_out, ref_state = reference(*inputs)
+    for name, got, want in (("out", out, ref_out), ("final_state", state, ref_state)):
+        assert torch.equal(got.isnan(), want.isnan()), name
+        finite = want.isfinite()
+        err = (got.double()[finite] - want[finite]).abs().max().item()
+        assert err <= RTOL * max(want[finite].abs().max().item(), 1e-30), name

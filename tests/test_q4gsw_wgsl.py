@@ -238,3 +238,27 @@ def test_profile_shows_which_kernel_the_live_m_ran(tmp_path):
     prefill = profile_method(str(path), inputs=[torch.randn(9, 64)], runs=1)
     assert wq.GEMV in decode and wq.GEMM not in decode
     assert wq.GEMM in prefill and wq.GEMV not in prefill
+
+
+@pytest.mark.parametrize("m", [1, 5, 65])   # the GEMV, the 64 tile and the 128 tile
+def test_nan_and_inf_activations_propagate_like_eager(variant, monkeypatch, m):
+    """A NaN in a row of x makes that output row NaN; an Inf gives Inf or, where it meets a
+    zero weight or an opposite Inf, NaN: the NaN mask matches the fp64 golden's."""
+    monkeypatch.setattr(wq, "TILE128_MIN_TILES", 1)
+    n, k, gs = 72, 256, 64
+    qdata, scale, _, w = weights_for(n, k, gs, False)
+    ex = WebGpuExecutor(q4gsw_graph(n, k, gs, False), w)
+    try:
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
+        x[0, 3] = float("nan")
+        x[-1, 7] = float("inf")
+        if m > 2:
+            x[1, 11] = -float("inf")
+        got, _ = _run(ex, x)
+        want = golden(x, qdata, scale, gs)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.isinf(), want.isinf())
+        finite = want.isfinite()
+        torch.testing.assert_close(got[finite].double(), want[finite], **_tol())
+    finally:
+        ex.destroy()
