@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections import Counter
 from typing import Optional
 
@@ -20,6 +21,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from delegate import ops as registry
 from delegate.ops import export
+from delegate import passes as graph_passes
 from delegate import preprocess  # noqa: F401  (ExecuTorch finds WgpuBackend among loaded BackendDetails)
 from delegate.errors import DelegateError
 from delegate.lowering import constant_inputs, constant_keys, upper_bounds
@@ -57,6 +59,10 @@ class RegistrySupport(OperatorSupportBase):
     def reason(self, node: torch.fx.Node) -> Optional[str]:
         if node.op != "call_function":
             return "not a call"
+        if node.target is operator.getitem:
+            # an element of a claimed tuple (batch_norm's y) stays in its producer's partition;
+            # rejecting it would cut the partition at every tuple-valued op
+            return self.reason(node.args[0])
         pattern = export.pattern_for(node)
         if pattern is not None and kernel_exists(pattern.name, self.device):
             return None
@@ -90,11 +96,16 @@ class RegistrySupport(OperatorSupportBase):
 
 
 class WgpuPartitioner(Partitioner):
-    def __init__(self, device: str = "webgpu"):
+    def __init__(self, device: str = "webgpu", passes: Optional[str] = None):
+        """passes: the graph passes preprocess runs (delegate/passes), comma-separated names
+        or "none"; None runs them all."""
         if device not in DEVICES:
             raise DelegateError(f"WgpuPartitioner device: expected one of {DEVICES}, got {device!r}")
         self.device = device
         specs = [CompileSpec("device", device.encode())]
+        if passes is not None:
+            specs.append(CompileSpec("passes", passes.encode()))
+            graph_passes.enabled(specs)   # an unknown name fails here, not inside preprocess
         self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
         self.last_rejections: Counter = Counter()
         self._real_constants: dict = {}   # state-dict key -> tensor, seen by ops_to_not_decompose
@@ -167,7 +178,8 @@ def _prune_symbolic(partitions) -> list:
         while changed:
             changed = False
             for n in list(nodes):
-                if _is_folded(n) and any(u not in nodes for u in n.users):
+                if (_is_folded(n) and any(u not in nodes for u in n.users)) or \
+                        (n.target is operator.getitem and n.args[0] not in nodes):
                     nodes.discard(n)
                     changed = True
         if any(not _is_folded(n) for n in nodes):

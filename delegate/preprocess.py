@@ -12,7 +12,7 @@ from executorch.exir._serialize._named_data_store import NamedDataStore
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-from delegate import blob
+from delegate import blob, passes
 from delegate.ops import export
 from delegate.errors import UnsupportedError
 from delegate.ir import Graph
@@ -23,19 +23,21 @@ class WgpuBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program, compile_specs: List[CompileSpec]) -> PreprocessResult:
         store = NamedDataStore()
-        graph = lower_to_ir(edge_program, store)
+        graph = lower_to_ir(edge_program, store, passes.enabled(compile_specs))
         return PreprocessResult(
             processed_bytes=blob.encode(graph),
             data_store_output=store.get_named_data_store_output(),
         )
 
 
-def lower_to_ir(ep, named_data=None) -> Graph:
-    """Walk the partition's graph in order; every call goes through its OpDef.lower."""
+def lower_to_ir(ep, named_data=None, pass_names=tuple(passes.PASSES)) -> Graph:
+    """Walk the partition's graph in order; every call goes through its OpDef.lower, unless
+    an enabled pass (delegate/passes) rewrote it."""
     graph = Graph()
     ctx = LoweringContext(graph, upper_bounds(ep), named_data)
     constants = constant_inputs(ep)
     with export.program_constants(constants):
+        rewrites = passes.rewrites(ep.graph_module.graph, pass_names)
         for node in ep.graph_module.graph.nodes:
             if node.op == "placeholder":
                 if node.name in constants:
@@ -44,6 +46,8 @@ def lower_to_ir(ep, named_data=None) -> Graph:
                     ctx.bind_input(node)
             elif node.op == "call_function" and node.target is operator.getitem:
                 continue  # ctx.tensor() maps getitem onto the tuple's element values
+            elif node.op == "call_function" and node in rewrites:
+                rewrites[node](ctx, node)
             elif node.op == "call_function":
                 _lower_node(ctx, node)
             elif node.op == "output":

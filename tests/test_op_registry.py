@@ -295,9 +295,10 @@ SAMPLE_ATTRS = {
     "sdpa": {"is_causal": True, "scale": None, "enable_gqa": True},
     "convolution": {"stride": [2, 1], "padding": [1, 0], "dilation": [1, 2], "transposed": False,
                     "output_padding": [0, 0], "groups": 1},
+    "batch_norm": {"eps": 1e-5},
 }
 OUR_FAMILIES = ("elementwise", "linear", "normalization", "softmax", "shape", "embedding",
-                "attention")
+                "attention", "batch_norm")
 
 
 def _random_shapes(gen: torch.Generator, count: int) -> list:

@@ -107,6 +107,12 @@ def _conv_params(node) -> dict:
     return dict(zip(_CONV_ATTRS, node.args[3:9]))
 
 
+def conv_attrs(node) -> dict:
+    """The IR attributes of an aten.convolution node (lists, not tuples)."""
+    return {k: (list(v) if isinstance(v, (list, tuple)) else v)
+            for k, v in _conv_params(node).items()}
+
+
 def _infer_conv(in_shapes, attrs):
     """out = floor((in + 2p - d(k-1) - 1) / s) + 1; transposed: (in-1)s - 2p + d(k-1) + op + 1."""
     one_input(in_shapes, 2)
@@ -144,10 +150,8 @@ def _check_conv(node):
 
 
 def _lower_conv(ctx, node):
-    params = _conv_params(node)
-    params = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items()}
     ins = [ctx.tensor(node.args[0]), ctx.tensor(node.args[1]), ctx.optional_tensor(node.args[2])]
-    ctx.emit("convolution", ins, [ctx.output(node)], **params)
+    ctx.emit("convolution", ins, [ctx.output(node)], **conv_attrs(node))
 
 
 register_op("convolution", ("aten.convolution.default",), _infer_conv, _lower_conv,

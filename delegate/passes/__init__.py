@@ -1,0 +1,41 @@
+"""Graph passes over a partition's edge graph, run by preprocess before lowering.
+
+A pass is a pure detection pre-pass: `detect(graph)` only reads the fx graph (and the program's
+constants) and returns rewrites, fx node -> the lowering that replaces that node's own. A node
+no pass matched lowers through its OpDef, so a graph with no match lowers byte-identically
+with the passes on or off.
+
+Compile spec "passes": comma-separated names of the passes to run, or "none"; absent: all.
+"""
+from __future__ import annotations
+
+from delegate.errors import DelegateError
+from delegate.passes import fold_batch_norm
+
+PASSES = {"fold_batch_norm": fold_batch_norm.detect}
+SPEC_KEY = "passes"
+
+
+def enabled(compile_specs) -> tuple:
+    """Names of the passes the compile specs ask for (all when they say nothing)."""
+    value = next((bytes(cs.value) for cs in compile_specs or () if cs.key == SPEC_KEY), None)
+    if value is None:
+        return tuple(PASSES)
+    text = value.decode()
+    if text == "none":
+        return ()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in PASSES]
+    if unknown:
+        raise DelegateError(f"compile spec {SPEC_KEY!r}: expected 'none' or names from "
+                            f"{sorted(PASSES)}, got {text!r}")
+    return names
+
+
+def rewrites(graph, names) -> dict:
+    """fx node -> replacement lowering, from every enabled pass (run in PASSES order)."""
+    out: dict = {}
+    for name in PASSES:
+        if name in names:
+            out.update(PASSES[name](graph))
+    return out
