@@ -10,22 +10,14 @@ from delegate.aot import lower, undelegated_ops
 from delegate.errors import DelegateError
 from delegate.models import seeded
 from delegate.ops import get_op
-from tests.test_kernels_cpu import run1
-from tests.test_kernels_wgsl import run_wgsl
 from tests.test_models import run_pte
+from tests.test_reduction_ops import check_family, run_on
 from tests.test_unary_ops import delegate_calls
 from tests.tolerances import tol
 
 
-def run_on(executor: str, op: str, x, attrs):
-    if executor == "cpu":
-        return run1(op, [x.float()], **attrs)
-    return run_wgsl(op, [x], attrs)[0]
-
-
 def check(got, want, executor):
-    assert tuple(got.shape) == tuple(want.shape)
-    torch.testing.assert_close(got.double(), want, equal_nan=True, **tol("pooling", executor))
+    check_family(got, want, executor, "pooling")
 
 
 def planes(*shape):
