@@ -154,19 +154,12 @@ class Method:
         storers = [_checked_storer(self._table, i) for i in outs]
         label = f"delegate {index} ({type(backend).__name__})"
         execute = backend.execute
-
-        if backend.writes_outputs:   # the backend fills the planned output tensors itself
-            def run(vals):
-                results = execute(handle, [g(vals) for g in getters], [vals[i] for i in outs])
-                if len(results) != len(storers):
-                    raise ProgramError(f"{label} outputs: expected {len(storers)}, "
-                                       f"got {len(results)}")
-                for store, r in zip(storers, results):
-                    store(vals, r)
-            return run
+        writes = backend.writes_outputs   # the backend fills the planned output tensors itself
 
         def run(vals):
-            results = execute(handle, [g(vals) for g in getters])
+            ins = [g(vals) for g in getters]
+            results = execute(handle, ins, [vals[i] for i in outs]) if writes else \
+                execute(handle, ins)
             if len(results) != len(storers):
                 raise ProgramError(f"{label} outputs: expected {len(storers)}, "
                                    f"got {len(results)}")
