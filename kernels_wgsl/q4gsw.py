@@ -8,8 +8,9 @@
                   q4gsw_steel_gemm128.wgsl   128x128 tile, 256 threads, 8x8 per thread, BK 8,
                                              double-buffered tiles of dequantized weights
 
-Both GEMMs multiply f16 tile values with f32 accumulation when the device has shader-f16, else
-run all in f32 (the prelude picks tile_t). Every dispatch is built once per load; `sizes` gives
+Both GEMMs can hold f16 tile values (f32 accumulation) on a device with shader-f16, or run all
+in f32 (the prelude picks tile_t). f32 tiles are the default: on the H200 they were faster at
+every bench/q4gsw.py shape (2048^3: 656 against 694 us) and they round nothing. Every dispatch is built once per load; `sizes` gives
 the ones that do not fit the live M a workgroup count of 0, so the executor skips them.
 Operands: x [..., K], packed int32 [N, K/8], scales float32 [K/gs, N padded to 4], bias [N] or
 absent, out [..., N]. K is a multiple of the group size (the op's check), so of 32.
@@ -25,9 +26,11 @@ TILE, TILE128 = 64, 128
 GEMV_COLS = 8
 # The 128x128 tile from this M up (below it, most of its rows would be padding) and only when
 # the grid has at least this many tiles (fewer leave SMs idle that the 64x64 tile would fill).
-# Both are first guesses: tune them on the H200 with bench/q4gsw.py, which times every kernel.
+# H200 (132 SMs), bench/q4gsw.py: at 64 tiles the 64x64 tile wins (M 512, N 2048, K 8192:
+# 1339 against 1791 us), at 256 the 128x128 (M 2048, N 2048: 656 against 1026 us).
 TILE128_MIN_M = 64
-TILE128_MIN_TILES = 64
+TILE128_MIN_TILES = 256
+TILES_F16 = False   # f16 tile values where the device has shader-f16 (see the docstring)
 TILE128_THREADS = 256
 PRELUDE = {True: "enable f16;\nalias tile_t = f16;", False: "alias tile_t = f32;"}
 _DIR = Path(__file__).parent
@@ -89,7 +92,7 @@ def linear_q4gsw(ins, outs, attrs, info):
     n = int(attrs["N"])
     constants = (("HAS_BIAS", int(has_bias)),)
     args = (0, 1, 2, 3 if has_bias else None, 4)
-    f16 = bool(info.gpu.has_f16)
+    f16 = TILES_F16 and bool(info.gpu.has_f16)
     subgroups = bool(info.gpu.has_subgroups)
     gemv = coop_gemv(subgroups, n, args, constants, lambda m, n: m == 1)
     if not tile128_fits(info.gpu, f16):

@@ -180,3 +180,50 @@ def test_a_wrong_input_after_a_cached_binding_is_still_an_input_error():
     with pytest.raises(InputError):
         ex.execute([])
     assert isinstance(InputError("x"), DelegateError)
+
+
+@pytest.mark.parametrize("device", EXECUTORS)
+def test_runner_neither_copies_an_input_read_in_place_nor_clones_a_delegate_output(device):
+    """The caller's contiguous input feeds the delegate as it is and is not held after the
+    execute; the delegate writes a fresh tensor that is returned without a clone."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from delegate.aot import lower
+    from delegate.models import MLP, seeded
+    from delegate.runtime.program import Runtime
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = seeded(MLP(13, 29, 7))
+    pte = lower(model, (torch.randn(5, 13),), device=device).buffer
+    prog = Runtime.get().load_program(pte, device=device)
+    try:
+        m = prog.load_method("forward")
+        x = torch.randn(5, 13)
+        m.execute([x])
+        with Log() as log:
+            y = m.execute([x])[0]
+        copies = [op for op in log.ops if "copy_" in op or "clone" in op]
+        assert copies == [], log.ops
+        with torch.no_grad():
+            torch.testing.assert_close(y, model(x), rtol=1e-3, atol=1e-3)
+        probe = torch.randn(5, 13)
+        gone = weakref.ref(probe)
+        m.execute([probe])
+        del probe
+        assert gone() is None   # the runner let go of the caller's tensor
+        strided = torch.randn(13, 5).t()   # not contiguous: copied into the planned slot
+        with torch.no_grad():
+            torch.testing.assert_close(m.execute([strided])[0], model(strided),
+                                       rtol=1e-3, atol=1e-3)
+    finally:
+        prog.destroy()

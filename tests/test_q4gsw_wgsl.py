@@ -69,6 +69,7 @@ def _device_variant(monkeypatch, f16: bool, subgroups: bool):
     if (f16 and not gpu.has_f16) or (subgroups and not gpu.has_subgroups):
         pytest.skip(f"adapter {gpu.name}: lacks shader-f16 or subgroup")
     monkeypatch.setattr(gpu, "has_f16", f16)
+    monkeypatch.setattr(wq, "TILES_F16", f16)
     monkeypatch.setattr(gpu, "has_subgroups", subgroups)
     return gpu
 
@@ -183,16 +184,18 @@ def _entries_for(m: int, n: int, k: int = 2048, gpu=None) -> list:
 
 
 @pytest.mark.parametrize("m,n,kernel", [(1, 200, wq.GEMV), (2, 200, wq.GEMM), (65, 200, wq.GEMM),
-                                        (63, 8192, wq.GEMM), (64, 8192, wq.GEMM128),
-                                        (512, 8192, wq.GEMM128), (512, 512, wq.GEMM),
-                                        (2048, 512, wq.GEMM128)])
+                                        (63, 32768, wq.GEMM), (64, 32768, wq.GEMM128),
+                                        (64, 8192, wq.GEMM), (512, 8192, wq.GEMM128),
+                                        (512, 512, wq.GEMM), (2048, 512, wq.GEMM),
+                                        (2048, 2048, wq.GEMM128), (1920, 2048, wq.GEMM)])
 def test_live_m_routes_to_exactly_one_kernel(m, n, kernel):
     assert _entries_for(m, n) == [kernel]
 
 
 @pytest.mark.parametrize("f16,storage,wide", [(False, 16384, True), (False, 8192, False),
                                               (True, 8192, True), (True, 4096, False)])
-def test_128_tile_only_where_its_workgroup_memory_fits(f16, storage, wide):
+def test_128_tile_only_where_its_workgroup_memory_fits(f16, storage, wide, monkeypatch):
+    monkeypatch.setattr(wq, "TILES_F16", f16)
     gpu = SimpleNamespace(has_f16=f16, has_subgroups=False,
                           limits={"max-compute-workgroup-storage-size": storage,
                                   "max-compute-invocations-per-workgroup": 256})

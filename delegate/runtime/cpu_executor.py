@@ -109,14 +109,18 @@ class CpuExecutor:
         self._bind_inputs(r, inputs)
         bound = self._bind_outputs(r, outputs)
         attrs_now = self._dynamic_attrs(b, inputs) if self.plan.dynamic_steps else None
-        with single_threaded_torch():
-            self._run(r.calls, attrs_now)
+        try:
+            with single_threaded_torch():
+                self._run(r.calls, attrs_now)
+        finally:
+            self._bind_inputs(r, None)   # the replay holds no caller tensor between executes
         return self._finish(r, bound, inputs)
 
-    def _bind_inputs(self, r: Replay, inputs: list) -> None:
+    def _bind_inputs(self, r: Replay, inputs: list | None) -> None:
+        """Patch each input into the kernel calls that read it (None: unpatch)."""
         for pos, sites in r.inputs:
-            t = inputs[pos]
-            if not t.is_contiguous():
+            t = None if inputs is None else inputs[pos]
+            if t is not None and not t.is_contiguous():
                 t = t.contiguous()
             for lst, k in sites:
                 lst[k] = t

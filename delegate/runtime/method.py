@@ -45,9 +45,14 @@ class Method:
         ops = self._resolve_ops(plan.operators, instrs)
         writes, splits = self._analyse(instrs, ops, len(plan.delegates))
         table.written = set(self._inputs).union(*writes)
+        self._direct, self._fresh = _boundary(instrs, writes, splits, self._inputs,
+                                              self._outputs, table)
+        self._slots = {i: table.vals[i] for i in self._direct}
         try:
             self._init_delegates(plan.delegates, device, options)
             self._run, self._labels = self._build(instrs, ops, splits)
+            self._returns = [(i, i not in self._fresh and table.kind[i] == "tensor")
+                             for i in self._outputs]
         except BaseException:
             self.destroy()
             raise
@@ -151,15 +156,22 @@ class Method:
     def _delegate_call(self, index: int, ins: list[int], outs: list[int]):
         backend, handle = self._delegates[index]
         getters = [self._table.getter(i) for i in ins]
-        storers = [_checked_storer(self._table, i) for i in outs]
+        writes = backend.writes_outputs   # the backend fills the tensors it is handed itself
+        if not writes:
+            self._fresh -= set(outs)
+        fresh = [writes and i in self._fresh for i in outs]
+        storers = [_checked_storer(self._table, i, replace=f) for i, f in zip(outs, fresh)]
         label = f"delegate {index} ({type(backend).__name__})"
         execute = backend.execute
-        writes = backend.writes_outputs   # the backend fills the planned output tensors itself
+        dtypes = [self._table.meta[i].dtype if f else None for i, f in zip(outs, fresh)]
+
+        def targets(vals):   # a fresh tensor becomes the returned output itself: no clone
+            return [torch.empty(0, dtype=d) if d is not None else vals[i]
+                    for i, d in zip(outs, dtypes)]
 
         def run(vals):
             ins = [g(vals) for g in getters]
-            results = execute(handle, ins, [vals[i] for i in outs]) if writes else \
-                execute(handle, ins)
+            results = execute(handle, ins, targets(vals)) if writes else execute(handle, ins)
             if len(results) != len(storers):
                 raise ProgramError(f"{label} outputs: expected {len(storers)}, "
                                    f"got {len(results)}")
@@ -183,9 +195,14 @@ class Method:
     def _execute(self, inputs) -> list:
         self._set_inputs(inputs)
         vals = self._table.vals
-        self._loop(vals)
-        # the one copy at the boundary: a returned tensor never shares a later execute's memory
-        return [v.clone() if isinstance(v := vals[i], torch.Tensor) else v for i in self._outputs]
+        try:
+            self._loop(vals)
+        finally:
+            for i, slot in self._slots.items():   # hold no caller tensor past the execute
+                vals[i] = slot
+        # the one copy at the boundary, unless a delegate wrote a fresh tensor: a returned
+        # tensor never shares a later execute's memory
+        return [vals[i].clone() if clone else vals[i] for i, clone in self._returns]
 
     def _loop(self, vals) -> None:
         run, n, pc = self._run, len(self._run), 0
@@ -215,7 +232,11 @@ class Method:
                 _check_scalar(pos, table.kind[i], vals[i], x)
                 continue
             _check_tensor(pos, meta, x)
-            slot = vals[i]
+            if i in self._slots and x.is_contiguous():   # read, never written: no copy
+                vals[i] = x
+                continue
+            slot = self._slots.get(i, vals[i])
+            vals[i] = slot
             if slot.shape != x.shape:
                 resize_within(slot, x.shape, i)
             slot.copy_(x)
@@ -231,6 +252,48 @@ class Method:
         delegates, self._delegates = self._delegates, []
         for backend, handle in delegates:
             backend.destroy(handle)
+
+
+def _boundary(instrs, writes, splits, inputs, outputs, table) -> tuple[set, set]:
+    """(inputs a delegate or kernel may read in place, outputs a delegate may write fresh).
+
+    An input is read in place when no instruction writes or moves it and it is not an output:
+    the caller's contiguous tensor then stands in its slot for one execute. An output is
+    written fresh when exactly one DelegateCall writes it and nothing moves it: the backend
+    fills a new tensor that execute() returns as it is, instead of cloning the planned one.
+    """
+    moved = set()
+    for ins in instrs:
+        a = ins.instr_args
+        if type(a).__name__ == "MoveCall":
+            moved |= {a.move_from, a.move_to}
+    writers: dict[int, int] = {}
+    for w in writes:
+        for i in w:
+            writers[i] = writers.get(i, 0) + 1
+    outs, shared = set(outputs), _sharing_memory(table)
+    direct = {i for i in inputs if i in table.meta and i not in writers and i not in moved
+              and i not in outs and i not in shared and table.vals[i].is_contiguous()}
+    by_delegate = {i for k in splits for i in splits[k][1]}
+    fresh = {i for i in outs if i in by_delegate and writers.get(i) == 1 and i not in moved
+             and i not in inputs and outputs.count(i) == 1 and i in table.meta
+             and i not in shared}
+    return direct, fresh
+
+
+def _sharing_memory(table) -> set:
+    """Tensor values whose planned bytes overlap another value's: a view the emitter planned
+    over them (or a reuse) reads those bytes, so they must hold the data."""
+    spans = sorted((t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr()
+                    + t.untyped_storage().nbytes(), i) for i, t in enumerate(table.vals)
+                   if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes())
+    shared, reach, owner = set(), -1, None
+    for start, end, i in spans:
+        if start < reach:
+            shared |= {i, owner}
+        if end > reach:
+            reach, owner = end, i
+    return shared
 
 
 def _split_delegate_calls(instrs, writes, available, table, n_delegates) -> dict:
@@ -275,8 +338,8 @@ def _jump_false(cond: int, dest: int):
     return run
 
 
-def _checked_storer(table, i: int):
-    store = table.storer(i)
+def _checked_storer(table, i: int, replace: bool = False):
+    store = table.replacer(i) if replace else table.storer(i)
     meta = table.meta.get(i)
     if meta is None:
         return store
