@@ -10,8 +10,9 @@
 
 Both GEMMs can hold f16 tile values (f32 accumulation) on a device with shader-f16, or run all
 in f32 (the prelude picks tile_t). f32 tiles are the default: on the H200 they were faster at
-every bench/q4gsw.py shape (2048^3: 656 against 694 us) and they round nothing. Every dispatch is built once per load; `sizes` gives
-the ones that do not fit the live M a workgroup count of 0, so the executor skips them.
+every bench/q4gsw.py shape (2048^3: 656 against 694 us) and they round nothing. Every dispatch
+is built once per load; `sizes` gives the ones that do not fit the live M a workgroup count of
+0, so the executor skips them.
 Operands: x [..., K], packed int32 [N, K/8], scales float32 [K/gs, N padded to 4], bias [N] or
 absent, out [..., N]. K is a multiple of the group size (the op's check), so of 32.
 """

@@ -45,14 +45,14 @@ class Method:
         ops = self._resolve_ops(plan.operators, instrs)
         writes, splits = self._analyse(instrs, ops, len(plan.delegates))
         table.written = set(self._inputs).union(*writes)
-        self._direct, self._fresh = _boundary(instrs, writes, splits, self._inputs,
-                                              self._outputs, table)
-        self._slots = {i: table.vals[i] for i in self._direct}
         try:
             self._init_delegates(plan.delegates, device, options)
-            self._run, self._labels = self._build(instrs, ops, splits)
+            direct, self._fresh = _boundary(instrs, writes, splits, self._inputs,
+                                            self._outputs, table, self._delegates)
+            self._slots = {i: table.vals[i] for i in direct}
             self._returns = [(i, i not in self._fresh and table.kind[i] == "tensor")
                              for i in self._outputs]
+            self._run, self._labels = self._build(instrs, ops, splits)
         except BaseException:
             self.destroy()
             raise
@@ -157,9 +157,7 @@ class Method:
         backend, handle = self._delegates[index]
         getters = [self._table.getter(i) for i in ins]
         writes = backend.writes_outputs   # the backend fills the tensors it is handed itself
-        if not writes:
-            self._fresh -= set(outs)
-        fresh = [writes and i in self._fresh for i in outs]
+        fresh = [i in self._fresh for i in outs]
         storers = [_checked_storer(self._table, i, replace=f) for i, f in zip(outs, fresh)]
         label = f"delegate {index} ({type(backend).__name__})"
         execute = backend.execute
@@ -193,9 +191,9 @@ class Method:
             return self._execute(inputs)
 
     def _execute(self, inputs) -> list:
-        self._set_inputs(inputs)
         vals = self._table.vals
         try:
+            self._set_inputs(inputs)
             self._loop(vals)
         finally:
             for i, slot in self._slots.items():   # hold no caller tensor past the execute
@@ -235,8 +233,7 @@ class Method:
             if i in self._slots and x.is_contiguous():   # read, never written: no copy
                 vals[i] = x
                 continue
-            slot = self._slots.get(i, vals[i])
-            vals[i] = slot
+            slot = vals[i]
             if slot.shape != x.shape:
                 resize_within(slot, x.shape, i)
             slot.copy_(x)
@@ -254,13 +251,13 @@ class Method:
             backend.destroy(handle)
 
 
-def _boundary(instrs, writes, splits, inputs, outputs, table) -> tuple[set, set]:
+def _boundary(instrs, writes, splits, inputs, outputs, table, delegates) -> tuple[set, set]:
     """(inputs a delegate or kernel may read in place, outputs a delegate may write fresh).
 
     An input is read in place when no instruction writes or moves it and it is not an output:
     the caller's contiguous tensor then stands in its slot for one execute. An output is
-    written fresh when exactly one DelegateCall writes it and nothing moves it: the backend
-    fills a new tensor that execute() returns as it is, instead of cloning the planned one.
+    written fresh when exactly one DelegateCall writes it, to a backend that `writes_outputs`,
+    and nothing moves it: the backend fills a new tensor that execute() returns as it is, instead of cloning the planned one.
     """
     moved = set()
     for ins in instrs:
@@ -274,7 +271,9 @@ def _boundary(instrs, writes, splits, inputs, outputs, table) -> tuple[set, set]
     outs, shared = set(outputs), _sharing_memory(table)
     direct = {i for i in inputs if i in table.meta and i not in writers and i not in moved
               and i not in outs and i not in shared and table.vals[i].is_contiguous()}
-    by_delegate = {i for k in splits for i in splits[k][1]}
+    by_delegate = {i for k, (_, outs_k) in splits.items()
+                   if delegates[instrs[k].instr_args.delegate_index][0].writes_outputs
+                   for i in outs_k}
     fresh = {i for i in outs if i in by_delegate and writers.get(i) == 1 and i not in moved
              and i not in inputs and outputs.count(i) == 1 and i in table.meta
              and i not in shared}
@@ -284,9 +283,10 @@ def _boundary(instrs, writes, splits, inputs, outputs, table) -> tuple[set, set]
 def _sharing_memory(table) -> set:
     """Tensor values whose planned bytes overlap another value's: a view the emitter planned
     over them (or a reuse) reads those bytes, so they must hold the data."""
-    spans = sorted((t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr()
-                    + t.untyped_storage().nbytes(), i) for i, t in enumerate(table.vals)
-                   if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes())
+    storages = [(i, t.untyped_storage()) for i, t in enumerate(table.vals)
+                if isinstance(t, torch.Tensor)]
+    spans = sorted((st.data_ptr(), st.data_ptr() + st.nbytes(), i) for i, st in storages
+                   if st.nbytes())
     shared, reach, owner = set(), -1, None
     for start, end, i in spans:
         if start < reach:
