@@ -18,12 +18,14 @@ import torch
 from delegate import ops as registry
 from delegate import symexpr
 from delegate.errors import BlobError, UnknownOperatorError
-from delegate.ir import Graph, ListValue, Node, ScalarValue, SymbolBinding, SymExpr, TensorValue
+from delegate.ir import (Check, Graph, ListValue, Node, ScalarValue, StateUpdate, SymbolBinding, SymExpr,
+                         TensorValue, in_place_ok, last_reads)
 from schemas.etwgpu_fb import AttrValue as AV
 from schemas.etwgpu_fb import ValueKind as VK
 from schemas.etwgpu_fb.Attribute import AttributeT
 from schemas.etwgpu_fb.Bool import BoolT
 from schemas.etwgpu_fb.BoolAttr import BoolAttrT
+from schemas.etwgpu_fb.Check import CheckT
 from schemas.etwgpu_fb.Dim import DimT
 from schemas.etwgpu_fb.DType import DType
 from schemas.etwgpu_fb.Float import FloatT
@@ -37,6 +39,7 @@ from schemas.etwgpu_fb.IntListAttr import IntListAttrT
 from schemas.etwgpu_fb.Node import NodeT
 from schemas.etwgpu_fb.NoneAttr import NoneAttrT
 from schemas.etwgpu_fb.StringAttr import StringAttrT
+from schemas.etwgpu_fb.StateUpdate import StateUpdateT
 from schemas.etwgpu_fb.Symbol import SymbolT
 from schemas.etwgpu_fb.SymIntAttr import SymIntAttrT
 from schemas.etwgpu_fb.Tensor import TensorT
@@ -44,9 +47,10 @@ from schemas.etwgpu_fb.Value import ValueT
 from schemas.etwgpu_fb.ValueList import ValueListT
 
 MAGIC = b"EWGB"
-# 2: the header carries a CRC32 of the payload; Node.name. Version 1 blobs are refused: they
-# cannot be checked for corruption, and re-exporting the model makes a version 2 blob.
-SCHEMA_VERSION = 2
+# 2: the header carries a CRC32 of the payload; Node.name. 3: delegate-owned state
+# (Tensor.state, Graph.state_updates), value symbols (Symbol.dim < 0 on a tensor), runtime
+# checks, sdpa's kv_len / causal_offset. Older blobs are refused with a re-export hint.
+SCHEMA_VERSION = 3
 FILE_IDENTIFIER = b"EWG1"
 _PREFIX = struct.Struct("<4sI")      # magic, schema version: the same in every version
 _HEADER = struct.Struct("<4sII")     # magic, schema version, CRC32 of the FlatBuffer
@@ -70,6 +74,9 @@ def encode(graph: Graph) -> bytes:
     g.nodes = [_node_t(n) for n in graph.nodes]
     g.inputs, g.outputs = list(graph.inputs), list(graph.outputs)
     g.symbols = [_symbol_t(s) for s in graph.symbols]
+    g.stateUpdates = [_set(StateUpdateT(), state=u.state, value=u.value)
+                      for u in graph.state_updates] or None
+    g.checks = [_set(CheckT(), expr=c.expr, message=c.message) for c in graph.checks] or None
     b = flatbuffers.Builder(1024)
     b.Finish(g.Pack(b), file_identifier=FILE_IDENTIFIER)
     return frame(bytes(b.Output()))
@@ -87,6 +94,7 @@ def _value_t(v) -> ValueT:
         t.dtype = _DTYPES[v.dtype]
         t.dims = [_dim_t(d, m) for d, m in zip(v.dims, v.max_shape)]
         t.constantKey = v.constant_key
+        t.state = v.state
         out.kindType, out.kind = VK.ValueKind.Tensor, t
     elif isinstance(v, ListValue):
         lst = ValueListT()
@@ -170,6 +178,10 @@ def decode(blob: bytes) -> Graph:
             outputs=_ints(g.outputs),
             symbols=[SymbolBinding(_required(s.name, "symbol name"), int(s.input), int(s.dim))
                      for s in (g.symbols or [])],
+            state_updates=[StateUpdate(int(u.state), int(u.value))
+                           for u in (g.stateUpdates or [])],
+            checks=[Check(SymExpr(_required(c.expr, "check expr")), _str(c.message or b""))
+                    for c in (g.checks or [])],
         )
     except BlobError:
         raise
@@ -186,9 +198,9 @@ def payload(blob: bytes) -> bytes:
     magic, version = _PREFIX.unpack_from(blob)
     if magic != MAGIC:
         raise BlobError(f"blob magic: expected {MAGIC!r}, got {magic!r}")
-    if version == 1:
-        raise BlobError(f"blob schema version: expected {SCHEMA_VERSION}, got 1 (written by an "
-                        "older etwgpu, without a checksum): re-export the model")
+    if 1 <= version < SCHEMA_VERSION:
+        raise BlobError(f"blob schema version: expected {SCHEMA_VERSION}, got {version} (written "
+                        "by an older etwgpu): re-export the model")
     if version != SCHEMA_VERSION:
         raise BlobError(f"blob schema version: expected {SCHEMA_VERSION}, got {version}")
     if len(blob) < _HEADER.size + 8:
@@ -225,7 +237,7 @@ def _value(v: ValueT):
         dims = tuple(SymExpr(_str(d.expr)) if d.expr else int(d.size) for d in (k.dims or []))
         maxs = tuple(int(d.max) for d in (k.dims or []))
         key = _str(k.constantKey) if k.constantKey else None
-        return TensorValue(_TORCH_DTYPES[k.dtype], dims, maxs, key)
+        return TensorValue(_TORCH_DTYPES[k.dtype], dims, maxs, key, bool(k.state))
     if v.kindType == VK.ValueKind.ValueList:
         return ListValue(_ints(k.items))
     kinds = {VK.ValueKind.Int: "int", VK.ValueKind.Float: "float", VK.ValueKind.Bool: "bool"}
@@ -289,6 +301,47 @@ def validate(graph: Graph) -> None:
         if vid not in defined:
             raise BlobError(f"graph output {i}: expected a value a node, an input or a weight "
                             f"defines, got value {vid} that nothing defines")
+    _check_state_updates(graph, defined, check_id)
+    _check_in_place(graph)
+    for i, c in enumerate(graph.checks):
+        _check_expr(c.expr, symbols, f"check {i}")
+
+
+def _check_in_place(graph: Graph) -> None:
+    """An in-place op overwrites its input 0, so the executors give both values one buffer:
+    that is sound only where ir.in_place_ok holds."""
+    reads = last_reads(graph)
+    for k, node in enumerate(graph.nodes):
+        if _in_place(node.op) and not in_place_ok(graph, k, reads):
+            raise BlobError(f"node {k} ({node.op}{' ' + node.name if node.name else ''}): "
+                            f"expected input 0 a state or an earlier node's output of the "
+                            f"output's dtype and shape that nothing reads later, got value "
+                            f"{node.inputs[0] if node.inputs else None}")
+
+
+def _in_place(op_name: str) -> bool:
+    try:
+        return registry.get_op(op_name).in_place
+    except UnknownOperatorError:
+        return False
+
+
+def _check_state_updates(graph: Graph, defined: set, check_id) -> None:
+    """Each update writes a state once, from a defined value of the state's dtype and shape."""
+    seen = set()
+    for i, u in enumerate(graph.state_updates):
+        where = f"state update {i}"
+        check_id(u.state, f"{where} state")
+        check_id(u.value, f"{where} value")
+        state, value = graph.values[u.state], graph.values[u.value]
+        if not (isinstance(state, TensorValue) and state.state) or u.state in seen:
+            raise BlobError(f"{where}: expected a state tensor updated once, got value {u.state} "
+                            f"({_describe(state)})")
+        seen.add(u.state)
+        if u.value not in defined or not isinstance(value, TensorValue) or \
+                (value.dtype, tuple(value.dims)) != (state.dtype, tuple(state.dims)):
+            raise BlobError(f"{where}: expected a defined {state.dtype} value of shape "
+                            f"{tuple(state.dims)}, got value {u.value} ({_describe(value)})")
 
 
 def _check_symbols(graph: Graph, check_id) -> set:
@@ -308,7 +361,11 @@ def _check_symbols(graph: Graph, check_id) -> set:
             raise BlobError(f"{where}: expected an input index < {len(graph.inputs)}, got {s.input}")
         v = graph.values[graph.inputs[s.input]]
         rank = len(v.dims) if isinstance(v, TensorValue) else 0
-        ok = s.dim == -1 if isinstance(v, ScalarValue) else 0 <= s.dim < rank
+        if isinstance(v, ScalarValue):
+            ok = s.dim == -1
+        else:   # a dim, or (dim < 0) an element of a tensor of static shape
+            ok = 0 <= s.dim < rank or (s.dim < 0 and not v.is_dynamic
+                                         and s.element < math.prod(v.max_shape))
         if not ok:
             raise BlobError(f"{where}: expected a dim of input {s.input} ({_describe(v)}), "
                             f"got dim {s.dim}")
@@ -331,12 +388,14 @@ def _check_value(vid: int, v, symbols: set, bounds: dict, check_id) -> None:
         if not 0 <= bound <= MAX_DIM:
             raise BlobError(f"{where} dim {d} bound: expected within [0, {MAX_DIM}], got {bound}")
         if isinstance(size, SymExpr):
-            if v.constant_key:
+            if v.constant_key:   # weights and states alike
                 raise BlobError(f"{where}: expected a weight of static shape, got dim {d} = {size}")
             _check_expr(size, symbols, f"{where} dim {d}")
             _check_bound(size, bound, bounds, f"{where} dim {d}")
         elif not 0 <= size <= bound:
             raise BlobError(f"{where} dim {d}: expected a size within [0, {bound}], got {size}")
+    if v.state and (not v.constant_key or v.is_dynamic):
+        raise BlobError(f"{where}: expected a state with initial data and a static shape")
     if math.prod(v.max_shape) >= MAX_NUMEL:
         raise BlobError(f"{where}: expected fewer than 2**40 elements, got "
                         f"{math.prod(v.max_shape)}")
@@ -408,7 +467,8 @@ def _check_declaration(where: str, node: Node) -> None:
 
 def _describe(v) -> str:
     if isinstance(v, TensorValue):
-        return f"{v.dtype} tensor {tuple(v.dims)}" + (" weight" if v.constant_key else "")
+        kind = " state" if v.state else " weight" if v.constant_key else ""
+        return f"{v.dtype} tensor {tuple(v.dims)}{kind}"
     if isinstance(v, ListValue):
         return f"list of {len(v.items)}"
     return f"{v.kind} scalar"

@@ -34,6 +34,9 @@ class TensorValue:
     dims: tuple                   # tuple[Dim, ...]
     max_shape: tuple              # tuple[int, ...], upper bounds of dims
     constant_key: Optional[str] = None   # named-data key for weights; None for activations
+    # A mutable buffer the delegate owns (KV cache, recurrent state): initialised from
+    # constant_key's bytes at load, resident across executes, updated by Graph.state_updates.
+    state: bool = False
 
     @property
     def is_dynamic(self) -> bool:
@@ -67,10 +70,30 @@ class Node:
 
 @dataclass
 class SymbolBinding:
-    """Symbol `name` takes the live size of dim `dim` of graph input number `input`."""
+    """Symbol `name` takes the live size of dim `dim` (>= 0) of graph input number `input`;
+    dim -1-k: the value of element k of that input (`input_pos.item()`; a scalar: dim -1)."""
     name: str
     input: int
     dim: int
+
+    @property
+    def element(self) -> int:
+        """Flat element index for a value binding (dim < 0)."""
+        return -1 - self.dim
+
+
+@dataclass
+class StateUpdate:
+    """After every execute state value `state` holds what value `value` held."""
+    state: int
+    value: int
+
+
+@dataclass
+class Check:
+    """A runtime assertion kept from the export: `expr` >= 0 at every execute."""
+    expr: SymExpr
+    message: str = ""
 
 
 @dataclass
@@ -80,6 +103,8 @@ class Graph:
     inputs: list = field(default_factory=list)    # value ids, in delegate-call order
     outputs: list = field(default_factory=list)   # value ids, in delegate-call order
     symbols: list = field(default_factory=list)   # SymbolBinding
+    state_updates: list = field(default_factory=list)   # StateUpdate
+    checks: list = field(default_factory=list)          # Check
 
     def add_value(self, v: Value) -> int:
         self.values.append(v)
@@ -93,3 +118,33 @@ class Graph:
 
 def is_sym(x) -> bool:
     return isinstance(x, SymExpr)
+
+
+def last_reads(graph: Graph) -> dict:
+    """value id -> index of the last node reading it; len(nodes) for what the end of an
+    execute reads (graph outputs, state update sources). List items count as read."""
+    out: dict = {}
+    for k, node in enumerate(graph.nodes):
+        for vid in node.inputs:
+            if vid == -1:
+                continue
+            v = graph.values[vid]
+            for item in (v.items if isinstance(v, ListValue) else [vid]):
+                out[item] = k
+    end = len(graph.nodes)
+    for vid in list(graph.outputs) + [u.value for u in graph.state_updates]:
+        out[vid] = end
+    return out
+
+
+def in_place_ok(graph: Graph, k: int, reads: dict) -> bool:
+    """Node k may overwrite its input 0: a state or an earlier node's output, of the output's
+    dtype and shape, that nothing reads after node k (see OpDef.in_place)."""
+    node = graph.nodes[k]
+    if not node.inputs or not node.outputs or node.inputs[0] == -1:
+        return False
+    src, out = graph.values[node.inputs[0]], graph.values[node.outputs[0]]
+    produced = any(node.inputs[0] in n.outputs for n in graph.nodes[:k])
+    return (isinstance(src, TensorValue) and isinstance(out, TensorValue)
+            and (src.state or produced) and reads.get(node.inputs[0]) == k
+            and (src.dtype, tuple(src.dims)) == (out.dtype, tuple(out.dims)))

@@ -68,6 +68,11 @@ class LoweringContext:
         self._producer.update((vid, node.name) for vid in ids)
         return ids
 
+    def new_value(self, dtype: torch.dtype, dims: list) -> int:
+        """An intermediate tensor a lowering adds between fx nodes (a broadcast source)."""
+        dims = tuple(dims)
+        return self.graph.add_value(TensorValue(dtype, dims, tuple(self.upper_bound(d) for d in dims)))
+
     def alias(self, node: torch.fx.Node, vid: int) -> None:
         """The node's result is an existing value (no kernel runs for it)."""
         self._ids[node] = vid
@@ -83,6 +88,30 @@ class LoweringContext:
         self.weight_keys.append(key)
         shape = tuple(int(s) for s in t.shape)
         return self.graph.add_value(TensorValue(t.dtype, shape, shape, key))
+
+    def bind_state(self, node: torch.fx.Node, tensor: torch.Tensor) -> int:
+        """A mutable buffer the delegate owns (tag_mutated_buffer): its initial bytes go to
+        the named-data store like a weight's; the executors copy them into a buffer of its own."""
+        vid = self.constant(tensor, node.name)
+        self.graph.values[vid].state = True
+        self._ids[node] = vid
+        return vid
+
+    def writable(self, vid: int) -> bool:
+        """May an in-place op overwrite this value (a state, or a node's output)?"""
+        v = self.graph.values[vid]
+        return isinstance(v, TensorValue) and (v.state or vid in self._producer)
+
+    def bind_value_symbol(self, node: torch.fx.Node, source: torch.fx.Node, index: int) -> None:
+        """`.item()` of element `index` of the delegate input `source`: the node's SymInt
+        becomes a symbol bound from that element at execute (delegate/host_values.py)."""
+        name = sym_text(node.meta["val"])
+        vid = self.tensor(source)
+        if not (isinstance(name, SymExpr) and name.isidentifier()) or vid not in self.graph.inputs:
+            raise UnsupportedError(f"{node.name}: expected .item() of a delegate input as a "
+                                   f"new symbol, got {name!r}")
+        if all(b.name != name for b in self.graph.symbols):
+            self.graph.symbols.append(SymbolBinding(name, self.graph.inputs.index(vid), -1 - index))
 
     def bind_constant(self, node: torch.fx.Node, tensor: torch.Tensor) -> int:
         vid = self.constant(tensor, node.name)

@@ -15,10 +15,11 @@ from typing import Optional
 import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
-from executorch.exir.backend.utils import tag_constant_data
+from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from delegate import host_values
 from delegate import ops as registry
 from delegate.ops import export
 from delegate import passes as graph_passes
@@ -63,6 +64,8 @@ class RegistrySupport(OperatorSupportBase):
             # an element of a claimed tuple (batch_norm's y) stays in its producer's partition;
             # rejecting it would cut the partition at every tuple-valued op
             return self.reason(node.args[0])
+        if host_values.value_of(node) is not None:
+            return None   # a position or index range: folded into attributes at lowering
         pattern = export.pattern_for(node)
         if pattern is not None and kernel_exists(pattern.name, self.device):
             return None
@@ -128,6 +131,7 @@ class WgpuPartitioner(Partitioner):
                 node.meta["delegation_tag"] = tag
             tags[tag] = self.delegation_spec
         tag_constant_data(exported_program)
+        _own_mutated_buffers(exported_program)
         self.last_rejections = support.rejected
         if support.rejected:
             log.info("etwgpu: not delegated: %s", dict(support.rejected))
@@ -187,7 +191,31 @@ def _prune_symbolic(partitions) -> list:
     return kept
 
 
+def _own_mutated_buffers(ep) -> None:
+    """A buffer whose readers and whose new value are all in one partition becomes that
+    delegate's resident state (ExecuTorch's tag_mutated_buffer); any other stays with the
+    runner, which then writes it back after each execute."""
+    from torch.export.graph_signature import OutputKind
+
+    tag_mutated_buffer(ep)
+    output = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
+    new_value = {spec.target: arg for spec, arg in zip(ep.graph_signature.output_specs,
+                                                       output.args[0])
+                 if spec.kind == OutputKind.BUFFER_MUTATION}
+    for name, target in ep.graph_signature.inputs_to_buffers.items():
+        node = next((n for n in ep.graph_module.graph.nodes if n.name == name), None)
+        tag = node.meta.get("delegation_tag") if node is not None else None
+        if tag is None or target not in new_value:
+            continue
+        tags = {u.meta.get("delegation_tag") for u in node.users}
+        value = new_value[target]
+        if tags != {tag} or getattr(value, "meta", {}).get("delegation_tag") != tag:
+            del node.meta["delegation_tag"]
+
+
 def _is_folded(node) -> bool:
+    if host_values.value_of(node) is not None:
+        return True
     if node.op != "call_function" or export.pattern_for(node) is not None:
         return False
     op = export.op_for_target(node.target)

@@ -58,7 +58,8 @@ def _bias(mask, attrs, L: int, S: int, scratch):
     """(additive bias broadcastable to [B, H, L, S] or None, bytes of scratch it used)."""
     if attrs.get("is_causal"):
         bias = typed(scratch, torch.float32, (L, S))
-        bias.fill_(float("-inf")).triu_(1)   # 0 on and below the diagonal, -inf above
+        # 0 for keys j <= i + causal_offset, -inf above (torch's tril at offset 0)
+        bias.fill_(float("-inf")).triu_(1 + attrs.get("causal_offset", 0))
         return bias, _align(L * S * _F32)
     if mask is None:
         return None, 0
@@ -73,6 +74,10 @@ def _bias(mask, attrs, L: int, S: int, scratch):
 def sdpa(ins, outs, attrs, scratch):
     q, k, v = ins[0], ins[1], ins[2]
     mask = ins[3] if len(ins) > 3 else None
+    if attrs.get("kv_len") is not None:   # only a cache's filled rows are keys
+        n = attrs["kv_len"]
+        k, v = k[:, :, :n], v[:, :, :n]
+        mask = None if mask is None else mask[..., :n] if mask.shape[-1] > 1 else mask
     out = outs[0]
     B, Hq, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]

@@ -121,3 +121,14 @@ def leaky_relu(ins, outs, attrs, scratch):
 def elu(ins, outs, attrs, scratch):
     a, s, i = attrs["alpha"], attrs["scale"], attrs["input_scale"]
     map_chunks(lambda o, x: aten.elu.out(x, a, s, i, out=o), outs[0], ins[0])
+
+
+@register_kernel("silu_mul")
+def silu_mul(ins, outs, attrs, scratch):
+    """silu(gate) * up (delegate/ops/silu_mul.py): silu into the output chunk, then times up
+    in place, so each chunk is read while it is still in cache."""
+    def chunk(o, gate, up):
+        aten.silu.out(gate, out=o)
+        o.mul_(up)
+
+    map_chunks(chunk, outs[0], ins[0], ins[1])

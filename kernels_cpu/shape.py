@@ -54,3 +54,16 @@ def split(ins, outs, attrs, scratch):
     pieces = torch.split(ins[0], [int(s) for s in attrs["split_sizes"]], dim=attrs["dim"])
     for out, piece in zip(outs, pieces):
         _copy(out, piece)
+
+
+@register_kernel("slice_scatter")
+def slice_scatter(ins, outs, attrs, scratch):
+    _copy(outs[0], ins[0])
+    slice_scatter_(ins, outs, attrs, scratch)
+
+
+@register_kernel("slice_scatter_")
+def slice_scatter_(ins, outs, attrs, scratch):
+    """Only the written rows move: outs[0] is ins[0]'s own storage (a resident cache)."""
+    src, d = ins[1], attrs["dim"]
+    outs[0].narrow(d, attrs["start"], src.shape[d]).copy_(src)

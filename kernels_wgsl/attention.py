@@ -97,9 +97,11 @@ def sdpa(ins, outs, attrs, info):
         scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
         mstrides = broadcast_strides(ins[3], (b, hq, l, s)) if mask is not None else [0] * 4
         n_rep = hq // hkv if hkv else 0
-        splits, per = key_splits(l, s, split, tile.bc)
+        keys = s if attrs.get("kv_len") is None else min(s, attrs["kv_len"])
+        splits, per = key_splits(l, keys, split, tile.bc)
         tiles = groups(n_rep * l, tile.br)
-        packed = words(b, hq, hkv, l, s, e, ev, n_rep, scale, tiles, splits, per, mstrides)
+        packed = words(b, hq, hkv, l, s, e, ev, n_rep, scale, tiles, splits, per,
+                       keys, attrs.get("causal_offset", 0), 0, 0, mstrides)
         return packed, b * hkv * tiles * splits if ev else 0, splits
 
     def flash_sizes(ins, outs, attrs):

@@ -8,8 +8,10 @@
 // the query heads of one GQA group share every K/V tile load. A row is G adjacent threads,
 // each holding VEC vec4s of the head dims (its q slice and acc slice in registers); with
 // G > 1 the partial dot products meet in workgroup memory.
-// bias: MASK 0 none, 1 bool (false -> -inf), 2 float (added). CAUSAL keeps keys s <= l
-// (torch's top-left tril); a key tile wholly above a workgroup's last row is never loaded.
+// bias: MASK 0 none, 1 bool (false -> -inf), 2 float (added). CAUSAL keeps keys
+// s <= l + causal_offset (torch's top-left tril at offset 0; a KV cache's rows at its write
+// position otherwise); a key tile wholly above a workgroup's last row is never loaded. Only
+// the first kv_len keys exist (the filled part of a cache); s is the keys' row stride.
 // Splits (flash-decoding): with p.splits > 1 the key range is cut into p.split_len slices, one
 // workgroup each, which write (m, l, acc) rows to `partials`; `combine` merges them.
 // NaN/Inf follow torch's eager CPU SDPA: a NaN or +inf score (NaN q/k, +inf mask) makes its
@@ -24,6 +26,7 @@ struct SdpaParams {
     batch: u32, hq: u32, hkv: u32, l: u32,
     s: u32, e: u32, ev: u32, n_rep: u32,
     scale: f32, tiles: u32, splits: u32, split_len: u32,
+    kv_len: u32, causal_offset: u32, pad0: u32, pad1: u32,
     mask_strides: vec4<u32>,   // (b, h, l, s) element strides of the mask broadcast to scores
 }
 
@@ -111,9 +114,9 @@ fn flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         qv[i] = load_q(orow * p.e, (g * VEC + i) * 4u);
     }
     let k_begin = w.split * p.split_len;
-    var k_end = min(p.s, k_begin + p.split_len);
+    var k_end = min(p.kv_len, k_begin + p.split_len);
     if (CAUSAL) {
-        k_end = min(k_end, (min(rows, w.tile * BR + BR) - 1u) / p.n_rep + 1u);
+        k_end = min(k_end, (min(rows, w.tile * BR + BR) - 1u) / p.n_rep + 1u + p.causal_offset);
     }
     let kv_row0 = (w.b * p.hkv + w.hk) * p.s;
     var m = EXCLUDED;
@@ -162,7 +165,7 @@ fn flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             for (var j = 0u; j < BC; j = j + 1u) {
                 let sj = s0 + j;
                 var s = EXCLUDED;
-                if (sj < k_end && !(CAUSAL && sj > li)) {
+                if (sj < k_end && !(CAUSAL && sj > li + p.causal_offset)) {
                     let raw = biased(sc[j], w.b, h, li, sj);
                     bad = bad || is_nan(raw) || (is_inf(raw) && raw > 0.0);
                     s = select(raw, EXCLUDED, is_nan(raw) || raw < EXCLUDED);

@@ -2,6 +2,8 @@
 
 A binary op reads both operands through element strides (zero along broadcast dims), so one
 pass covers every broadcast; a scalar operand travels in the params and binds nothing.
+silu_mul (the SwiGLU product silu(gate) * up, delegate/ops/silu_mul.py) is a binary op of this
+table: one pass, the sigmoid in registers.
 
 The op codes come from one table here: `PRELUDE` declares them to the shader as
 `const OP_<NAME>: u32`, its switch names them, and each dispatch picks one as the OP override.
@@ -14,7 +16,7 @@ from kernels_wgsl import (Dispatch, broadcast_strides, groups, numel,
                           padded, register_wgsl, words)
 
 WG = 256
-BINARY = ("add", "sub", "mul", "div")
+BINARY = ("add", "sub", "mul", "div", "silu_mul")
 
 
 def _bound(value, default: float) -> float:

@@ -34,7 +34,8 @@ struct UnaryParams {
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-// add = a + alpha*b, sub = a - alpha*b, mul, div; b broadcast through zero strides.
+// add = a + alpha*b, sub = a - alpha*b, mul, div, silu_mul = a * sigmoid(a) * b (SwiGLU:
+// gate a, up b); b broadcast through zero strides.
 @compute @workgroup_size(256)
 fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
@@ -52,6 +53,7 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         case OP_ADD: { r = x + bp.alpha * y; }
         case OP_SUB: { r = x - bp.alpha * y; }
         case OP_MUL: { r = x * y; }
+        case OP_SILU_MUL: { r = x * sigmoid(x) * y; }
         default: { r = x / y; }
     }
     out[i] = r;

@@ -102,3 +102,25 @@ def split(ins, outs, attrs, info):
         return sizes
 
     return [_copy(piece(k), 0, 1 + k, label="split") for k in range(len(outs))]
+
+
+def _rows_params(ins, outs, attrs):
+    """The strided copy of src (operand 1) into rows [start, start + n) of dim of operand 2."""
+    src, dst = ins[1], outs[0]
+    own = contiguous_strides(dst)
+    d = norm_dim(attrs["dim"], len(dst))
+    return copy_params(src, contiguous_strides(src), own, 0, attrs["start"] * own[d])
+
+
+@register_wgsl("slice_scatter")
+def slice_scatter(ins, outs, attrs, info):
+    def whole(ins, outs, attrs):
+        return copy_params(outs[0], contiguous_strides(ins[0]), contiguous_strides(outs[0]))
+
+    return [_copy(whole, 0, 2, label="slice_scatter"), _copy(_rows_params, 1, 2, "slice_scatter")]
+
+
+@register_wgsl("slice_scatter_")
+def slice_scatter_(ins, outs, attrs, info):
+    # dst (operand 0) is not bound: it is the output's buffer, bound once, read-write
+    return [_copy(_rows_params, 1, 2, label="slice_scatter_")]

@@ -50,13 +50,13 @@ def test_a_truncated_blob_fails_the_crc():
 def test_a_version_1_blob_is_refused_with_a_reexport_hint():
     body = blob.encode(_graph())[12:]
     v1 = struct.pack("<4sI", b"EWGB", 1) + body
-    with pytest.raises(BlobError, match="expected 2, got 1 .*re-export the model"):
+    with pytest.raises(BlobError, match="expected 3, got 1 .*re-export the model"):
         blob.decode(v1)
 
 
 def test_the_header_crc_is_zlib_crc32_of_the_flatbuffer():
     data = blob.encode(_graph())
-    assert struct.unpack_from("<4sII", data) == (b"EWGB", 2, zlib.crc32(data[12:]))
+    assert struct.unpack_from("<4sII", data) == (b"EWGB", 3, zlib.crc32(data[12:]))
 
 
 # ---- dims and symbols ---------------------------------------------------------------------

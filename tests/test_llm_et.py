@@ -1,54 +1,125 @@
 """ExecuTorch's own Llama definition (examples/models/llama, as the wheel ships it) with its
-KV cache, lowered by our partitioner: prefill and decode steps match eager on both executors.
-
-The cache lives in the runner here (index_put / copy_ run outside the delegates); the resident,
-delegate-owned cache of the LLM issue will keep these same numbers.
-"""
+KV cache, lowered by our partitioner: one delegate call, the caches resident in it, prefill and
+decode steps matching eager on both executors, fp32 and torchao int4-g32."""
 import pytest
 import torch
 
-from delegate.aot import lower
+from delegate.aot import lower, undelegated_ops
 from delegate.runtime.program import Runtime
 from tests.tolerances import tol
 
-ARGS = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, hidden_dim=128,
+VOCAB = 128
+ARGS = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=VOCAB, hidden_dim=128,
             max_seq_len=32, max_context_len=32, use_kv_cache=True, enable_dynamic_shape=True,
-            generate_full_logits=True)
+            generate_full_logits=False)
 
 
-def tiny_llama():
+def tiny_llama(**overrides):
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
     torch.manual_seed(0)
-    return construct_transformer(ModelArgs(**ARGS)).eval().requires_grad_(False)
+    return construct_transformer(ModelArgs(**{**ARGS, **overrides})).eval().requires_grad_(False)
+
+
+def int4_g32(model):
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)))
+    return model
 
 
 def _logits(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-@pytest.mark.parametrize("device", ["cpu", "webgpu"])
-def test_tiny_et_llama_prefill_and_decode_match_eager(device):
-    model = tiny_llama()
-    eager = tiny_llama()
-    eager.load_state_dict(model.state_dict())
+def _lowered(device, quantize=False, **overrides):
+    """(eager model, loaded program, program manager) of one tiny Llama; eager is a twin
+    holding the same weights (and, quantised, torchao's own int4 linears)."""
+    model, eager = tiny_llama(**overrides), tiny_llama(**overrides)
+    if quantize:
+        model, eager = int4_g32(model), int4_g32(eager)
     seq = torch.export.Dim("T", min=1, max=16)
-    example = (torch.randint(0, 128, (1, 4)), {"input_pos": torch.tensor([0])})
-    pte = lower(model, example, dynamic_shapes=({1: seq}, {"input_pos": None}),
-                device=device).buffer
-    prog = Runtime.get().load_program(pte, device=device)
+    example = (torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])})
+    pm = lower(model, example, dynamic_shapes=({1: seq}, {"input_pos": None}), device=device)
+    return eager, Runtime.get().load_program(pm.buffer, device=device), pm
+
+
+def _steps(prefill: int, decode: int = 8) -> list:
+    torch.manual_seed(1)
+    return [torch.randint(0, VOCAB, (1, prefill))] + \
+        [torch.randint(0, VOCAB, (1, 1)) for _ in range(decode)]
+
+
+@pytest.mark.parametrize("prefill", [1, 7, 16])
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_tiny_et_llama_runs_in_one_delegate_and_matches_eager(device, prefill):
+    eager, prog, pm = _lowered(device)
     try:
+        assert undelegated_ops(pm) == []   # the caches' writes, the mask, the positions too
         m = prog.load_method("forward")
-        torch.manual_seed(1)
-        steps = [torch.randint(0, 128, (1, 7))] + [torch.randint(0, 128, (1, 1)) for _ in range(8)]
+        assert len(m.delegates) == 1
         pos = 0
-        for tokens in steps:   # prefill of 7, then 8 decode steps on the same cache
+        for tokens in _steps(prefill):   # a prefill, then 8 decode steps on the same cache
             at = torch.tensor([pos])
-            with torch.no_grad():
-                want = _logits(eager(tokens, {"input_pos": at}))
+            want = _logits(eager(tokens, {"input_pos": at}))
             got = _logits(m.execute([tokens, at]))
             torch.testing.assert_close(got, want, **tol("model", device))
             pos += tokens.shape[1]
+    finally:
+        prog.destroy()
+
+
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_tiny_et_llama_int4_g32_matches_torchao_eager(device):
+    eager, prog, pm = _lowered(device, quantize=True)
+    try:
+        assert undelegated_ops(pm) == []
+        m = prog.load_method("forward")
+        (backend, handle), = m.delegates
+        assert "linear_q4gsw" in backend.describe(handle)["ops"]
+        pos = 0
+        for tokens in _steps(7):
+            at = torch.tensor([pos])
+            want = _logits(eager(tokens, {"input_pos": at}))
+            torch.testing.assert_close(_logits(m.execute([tokens, at])), want,
+                                       **tol("model", device))
+            pos += tokens.shape[1]
+    finally:
+        prog.destroy()
+
+
+def test_a_webgpu_decode_step_moves_only_the_token_the_params_prefix_and_the_logits():
+    eager, prog, _ = _lowered("webgpu")
+    try:
+        m = prog.load_method("forward")
+        (backend, handle), = m.delegates
+        m.execute([torch.randint(0, VOCAB, (1, 5)), torch.tensor([0])])
+        m.execute([torch.randint(0, VOCAB, (1, 1)), torch.tensor([5])])   # decode's first plan
+        before = dict(backend.describe(handle)["plans"])
+        for pos in range(6, 12):
+            m.execute([torch.randint(0, VOCAB, (1, 1)), torch.tensor([pos])])
+            moved = backend.describe(handle)["transfers"]
+            # the token id as one i32, then the offset-dependent params prefix: two writes
+            assert moved["uploads"] == 2, moved
+            assert moved["upload_bytes"] <= 4 + 4 * 256, moved
+            assert moved["download_bytes"] == VOCAB * 4, moved   # last-token logits only
+        after = backend.describe(handle)["plans"]
+        assert after["misses"] == before["misses"]   # every decode step replays one plan
+        assert after["hits"] == before["hits"] + 6
+    finally:
+        prog.destroy()
+
+
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_a_position_past_the_cache_is_a_typed_error(device):
+    from delegate.errors import InputError
+
+    _, prog, _ = _lowered(device)
+    try:
+        m = prog.load_method("forward")
+        with pytest.raises(InputError):
+            m.execute([torch.randint(0, VOCAB, (1, 4)), torch.tensor([30])])   # 30 + 4 > 32
     finally:
         prog.destroy()

@@ -52,6 +52,9 @@ class OpDef:
     # (inputs, outputs) counts of an IR node, each an int, a (min, max) pair (max None: no
     # upper bound) or None (any count). None: not declared.
     arity: Optional[tuple] = None
+    # Output 0 is input 0 updated in place (a cache write): the executors give both values one
+    # buffer, and the lowering emits the op only where nothing reads input 0 afterwards.
+    in_place: bool = False
 
 
 def _is_int(v) -> bool:
@@ -122,6 +125,7 @@ def register_op(
     folded: bool = False,
     attrs: Optional[dict] = None,
     arity: Optional[tuple] = None,
+    in_place: bool = False,
 ) -> OpDef:
     """Declare an op. Raises DelegateError if the name or a target is already taken, or if
     an attribute kind is unknown."""
@@ -131,7 +135,7 @@ def register_op(
         expect(kind.rstrip("?") in ATTR_KINDS, DelegateError, f"op {name!r} attribute {attr!r}",
                f"a kind in {sorted(ATTR_KINDS)}", repr(kind))
     op = OpDef(name, tuple(targets), infer, lower, tuple(dtypes), check, tuple(keep), doc, folded,
-               None if attrs is None else dict(attrs), arity)
+               None if attrs is None else dict(attrs), arity, in_place)
     for t in op.targets:
         if t in _BY_TARGET:
             raise DelegateError(

@@ -4,6 +4,11 @@ q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] -> out [B, Hq, L, Ev].
     out = softmax(q @ k^T * scale + bias) @ v
 bias comes from attn_mask (bool: False -> -inf; float: added) or, with is_causal, from torch's
 top-left aligned tril(L, S). With enable_gqa, query head h reads kv head h // (Hq / Hkv).
+
+Over a KV cache: only the first kv_len keys exist, and causal rows sit at causal_offset (query
+row i sees keys j <= i + causal_offset). ExecuTorch's Llama masks the cache with rows
+[pos, pos + L) of a causal buffer; the lowering turns that mask into causal_offset = pos and
+kv_len = pos + L, so a decode step at position 127 reads 128 keys, not the whole cache.
 """
 from __future__ import annotations
 
@@ -29,6 +34,10 @@ def _infer_sdpa(in_shapes, attrs):
     heads_ok = q[1] == k[1] or (attrs.get("enable_gqa") and k[1] > 0 and q[1] % k[1] == 0)
     expect(heads_ok, DelegateError, "sdpa heads", f"kv heads dividing {q[1]} (enable_gqa) "
            "or equal", k[1])
+    kv_len, offset = attrs.get("kv_len"), attrs.get("causal_offset", 0)
+    expect(kv_len is None or 0 <= kv_len <= k[2], DelegateError, "sdpa kv_len",
+           f"within [0, {k[2]}] keys", kv_len)
+    expect(offset >= 0, DelegateError, "sdpa causal_offset", ">= 0", offset)
     if mask is not None:
         scores = (q[0], q[1], q[2], k[2])
         expect(broadcast(scores, mask) == scores, DelegateError, "sdpa attn_mask",
@@ -38,11 +47,40 @@ def _infer_sdpa(in_shapes, attrs):
 
 def _lower_sdpa(ctx, node):
     ins = [ctx.tensor(a) for a in node.args[:3]]
-    ins.append(ctx.optional_tensor(arg(node, 3, "attn_mask")))
+    mask = arg(node, 3, "attn_mask")
+    causal, kv_len, offset = bool(arg(node, 5, "is_causal", False)), None, 0
+    window = _cache_window(node, mask)
+    if window is not None:   # rows of a causal buffer: no mask to read at all
+        mask, causal, (offset, kv_len) = None, True, window
+    ins.append(ctx.optional_tensor(mask))
     scale = arg(node, 6, "scale")
-    ctx.emit("sdpa", ins, [ctx.output(node)], is_causal=bool(arg(node, 5, "is_causal", False)),
+    ctx.emit("sdpa", ins, [ctx.output(node)], is_causal=causal,
              scale=None if scale is None else float(scale),
-             enable_gqa=bool(arg(node, 7, "enable_gqa", False)))
+             enable_gqa=bool(arg(node, 7, "enable_gqa", False)), kv_len=kv_len,
+             causal_offset=offset)
+
+
+def _cache_window(node, mask):
+    """(pos, pos + L) when attn_mask is rows [pos, pos + L) of a constant causal bool buffer
+    as wide as the keys (ExecuTorch's KV-cache mask), else None."""
+    from delegate import host_values
+    from delegate.ops.export import constant_value, target_name
+
+    if getattr(mask, "op", None) != "call_function" or \
+            target_name(mask.target) != "aten.slice_copy.Tensor":
+        return None
+    buf = constant_value(mask.args[0])
+    dim, start = arg(mask, 1, "dim", 0), host_values.expr_of(arg(mask, 2, "start", 0) or 0)
+    rows = node.args[0].meta["val"].shape[2]
+    if buf is None or buf.dtype != torch.bool or buf.dim() != 2 or dim != 0 or start is None:
+        return None
+    if buf.shape[1] != node.args[1].meta["val"].shape[2] or arg(mask, 4, "step", 1) != 1:
+        return None
+    if not torch.equal(buf, torch.ones_like(buf).tril()):
+        return None
+    end = host_values.expr_of(arg(mask, 3, "end", None))
+    want = host_values.plus(start, host_values.expr_of(rows))
+    return (start, want) if end is not None and str(end) == str(want) else None
 
 
 def _check_sdpa(node):
@@ -73,4 +111,5 @@ def _webgpu_head_dims(node):
 register_op("sdpa", ("aten.scaled_dot_product_attention.default",), _infer_sdpa, _lower_sdpa,
             check=_check_sdpa, keep=("aten.scaled_dot_product_attention.default",),
             doc="softmax(q k^T * scale + mask) v; causal, masks, GQA; no dropout",
-            attrs={"is_causal": "bool", "scale": "float?", "enable_gqa": "bool"}, arity=(4, 1))
+            attrs={"is_causal": "bool", "scale": "float?", "enable_gqa": "bool",
+                   "kv_len": "symint?", "causal_offset": "symint"}, arity=(4, 1))

@@ -1,5 +1,6 @@
 """Shape ops: view, permute (and transpose / t), slice, select, cat, expand, unsqueeze,
 squeeze, split and clone. Every one is a copy on CPU (edge has only the *_copy forms).
+slice_scatter writes rows at a host-known position: a KV cache's update.
 
 The shape arithmetic every family shares lives in delegate/ops/_common.py.
 """
@@ -7,11 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from delegate import host_values
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
 from delegate.ops.export import constant_value, target_name
 from delegate.shape_math import slice_bounds
-from delegate.ops._common import arg, float_inputs, norm_dim, numel, one_input
+from delegate.ops._common import (arg, contiguous_inputs, float_inputs, norm_dim, numel,
+                                  one_input, tensor_args)
 
 
 
@@ -113,6 +116,104 @@ def _lower_select(ctx, node):
     rank = node.args[0].meta["val"].dim()
     ctx.emit("select", [ctx.tensor(node.args[0])], [ctx.output(node)],
              dim=norm_dim(node.args[1], rank), index=ctx.dim(node.args[2]))
+
+
+# ---- slice_scatter: rows written at a host-known position (a KV cache update) -------------
+# out = dst with out.narrow(dim, start, src.size(dim)) = src. The in-place twin
+# `slice_scatter_` writes only those rows into dst's own buffer; the lowering emits it
+# wherever nothing reads dst afterwards (ir.in_place_ok), so a decode step writes one row of
+# the cache instead of copying all of it. Edge forms: `cache[:, :, pos + arange(T)] = v`
+# (index_put with a host Range, delegate/host_values.py), index_copy, slice_scatter.
+_FOUR_BYTE = (torch.float32, torch.int32, torch.int64, torch.bool)
+
+
+def _infer_slice_scatter(in_shapes, attrs):
+    one_input(in_shapes, 2)
+    dst, src = tuple(in_shapes[0]), tuple(in_shapes[1])
+    d = norm_dim(attrs["dim"], len(dst))
+    same = len(src) == len(dst) and all(a == b for i, (a, b) in enumerate(zip(src, dst)) if i != d)
+    expect(same, DelegateError, "slice_scatter source shape", f"{dst} except dim {d}", src)
+    start = attrs["start"]
+    expect(0 <= start and start + src[d] <= dst[d], DelegateError, "slice_scatter rows",
+           f"[start, start + {src[d]}) within [0, {dst[d]}) of dim {d}", f"start {start}")
+    return [dst]
+
+
+def _scatter_args(node):
+    """(dst, src, dim, start expr) of a host-positioned write, or None."""
+    name = target_name(node.target)
+    if name == "aten.index_put.default":
+        dst, indices, src = node.args[:3]
+        if arg(node, 3, "accumulate", False):
+            return None
+        given = [i for i, x in enumerate(indices) if x is not None]
+        if len(given) != 1:
+            return None
+        dim, index = given[0], indices[given[0]]
+    elif name == "aten.index_copy.default":
+        dst, dim, index, src = node.args[:4]
+    else:   # aten.slice_scatter.default(dst, src, dim=0, start=None, end=None, step=1)
+        dst, src = node.args[:2]
+        dim, step = arg(node, 2, "dim", 0), arg(node, 5, "step", 1)
+        start = host_values.expr_of(arg(node, 3, "start", None) or 0)
+        return None if step != 1 or start is None else (dst, src, dim, start)
+    rows = host_values.value_of(index) if isinstance(index, torch.fx.Node) else None
+    if not isinstance(rows, host_values.Range):
+        return None
+    return dst, src, dim, rows.start
+
+
+def _check_slice_scatter(node):
+    found = _scatter_args(node)
+    if found is None:
+        return "expected a write of consecutive rows at a host-known position"
+    dst, src, dim, _ = found
+    dv, sv = dst.meta["val"], src.meta["val"]
+    d = norm_dim(dim, dv.dim())
+    want = _written_shape(node, dv, d)
+    lead = len(want) - sv.dim()
+    fits = lead >= 0 and all(str(s) in ("1", str(w)) for s, w in zip(sv.shape, want[lead:]))
+    if not fits or (lead and not all(str(w) == "1" for w in want[:lead])):
+        return f"source shape {tuple(sv.shape)}: expected {tuple(want)} or broadcast to it"
+    if sv.dtype != dv.dtype or dv.dtype not in _FOUR_BYTE:
+        return f"dtypes {dv.dtype} / {sv.dtype}: expected one of {_FOUR_BYTE}, equal"
+    return contiguous_inputs(node)
+
+
+def _written_shape(node, dst_val, d) -> list:
+    """The rows the write covers: dst's shape with dim d the source's (index_put: the
+    range's) length."""
+    found = _scatter_args(node)
+    shape = list(dst_val.shape)
+    if target_name(node.target) == "aten.slice_scatter.default":
+        shape[d] = found[1].meta["val"].shape[d]
+    else:
+        index = node.args[1][d] if target_name(node.target) == "aten.index_put.default" \
+            else node.args[2]
+        shape[d] = index.meta["val"].shape[0]
+    return shape
+
+
+def _lower_slice_scatter(ctx, node):
+    dst, src, dim, start = _scatter_args(node)
+    d = norm_dim(dim, dst.meta["val"].dim())
+    want = ctx.dims(_written_shape(node, dst.meta["val"], d))
+    src_id = ctx.tensor(src)
+    if list(ctx.dims(src.meta["val"].shape)) != want:   # index_put broadcasts its values
+        full = ctx.new_value(src.meta["val"].dtype, want)
+        ctx.emit("expand", [src_id], [full], sizes=want)
+        src_id = full
+    ins = [ctx.tensor(dst), src_id]
+    # in place optimistically; preprocess demotes it where dst is read later (ir.in_place_ok)
+    op = "slice_scatter_" if ctx.writable(ins[0]) else "slice_scatter"
+    ctx.emit(op, ins, [ctx.output(node)], dim=d, start=start)
+
+
+def _check_any_dtype_copy(node):
+    """A copy moves 4-byte elements whatever they hold (bools and ints too: masks, ids)."""
+    vals = [a.meta["val"] for a in tensor_args(node)] + [node.meta["val"]]
+    bad = [v.dtype for v in vals if v.dtype not in _FOUR_BYTE]
+    return f"dtypes {bad}: expected {_FOUR_BYTE}" if bad else contiguous_inputs(node)
 
 
 # ---- cat / split -------------------------------------------------------------------------------
@@ -229,7 +330,8 @@ register_op("permute", ("aten.permute_copy.default", "aten.transpose_copy.int",
             check=_check_float, doc="reorder dims (transpose and t lower to a permutation)",
             attrs={"dims": "ints"}, arity=(1, 1))
 register_op("slice", ("aten.slice_copy.Tensor",), _infer_slice, _lower_slice,
-            check=_check_float, doc="start:end:step along dim, torch clamping",
+            dtypes=_FOUR_BYTE, check=_check_any_dtype_copy,
+            doc="start:end:step along dim, torch clamping (any 4-byte dtype: masks too)",
             attrs={"dim": "int", "start": "symint?", "end": "symint?", "step": "int"},
             arity=(1, 1))
 register_op("select", ("aten.select_copy.int",), _infer_select, _lower_select,
@@ -250,3 +352,12 @@ register_op("clone", ("aten.clone.default", "aten.alias_copy.default",
                       "dim_order_ops._clone_dim_order.default",
                       "dim_order_ops._to_dim_order_copy.default"), _same_shape, _lower_clone,
             check=_check_clone, doc="contiguous float32 copy", attrs={}, arity=(1, 1))
+register_op("slice_scatter", ("aten.index_put.default", "aten.index_copy.default",
+                              "aten.slice_scatter.default"),
+            _infer_slice_scatter, _lower_slice_scatter, dtypes=_FOUR_BYTE,
+            check=_check_slice_scatter,
+            doc="dst with rows [start, start + n) of dim replaced by src (a cache write)",
+            attrs={"dim": "int", "start": "symint"}, arity=(2, 1))
+register_op("slice_scatter_", (), _infer_slice_scatter, _lower_slice_scatter, dtypes=_FOUR_BYTE,
+            doc="slice_scatter into dst's own buffer (emitted where nothing reads dst later)",
+            attrs={"dim": "int", "start": "symint"}, arity=(2, 1), in_place=True)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from delegate.errors import DelegateError
 from delegate.passes import fold_batch_norm
+from delegate.passes import swiglu
 
-PASSES = {"fold_batch_norm": fold_batch_norm.detect}
+PASSES = {"fold_batch_norm": fold_batch_norm.detect, "swiglu": swiglu.detect}
 SPEC_KEY = "passes"
 
 

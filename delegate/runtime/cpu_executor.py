@@ -30,6 +30,7 @@ class Replay:
     calls: list           # [(kernel fn, ins list, outs list, attrs)] per step
     inputs: list          # [(graph input position, [(arg list, index), ...])]
     outputs: list         # [(shape, dtype, (source kind, what))] per graph output
+    updates: list         # [(state tensor, new value: tensor, or graph input position)]
 
 
 class CpuExecutor:
@@ -39,8 +40,12 @@ class CpuExecutor:
         self.graph = graph
         self._weights = {
             vid: weights[v.constant_key] for vid, v in enumerate(graph.values)
-            if isinstance(v, TensorValue) and v.constant_key
+            if isinstance(v, TensorValue) and v.constant_key and not v.state
         }
+        # each state its own writable copy (two may start from the same bytes); resident
+        self._states = {vid: weights[v.constant_key].clone() for vid, v in enumerate(graph.values)
+                        if isinstance(v, TensorValue) and v.state}
+        self._root = planner.in_place_roots(graph)
         self._kernels = [kernels_cpu.get_kernel(n.op) for n in graph.nodes]
         self.plan = GraphPlan(graph, self._replay)
         self._plan_arena()
@@ -49,7 +54,7 @@ class CpuExecutor:
         self._scratch_view = self._scratch.adopt(allocate(need, "kernel scratch"))
 
     def _plan_arena(self) -> None:
-        lives = planner.lifetimes(self.graph)
+        lives = planner.shared_lifetimes(self.graph, self._root)
         values = self.graph.values
         sizes = {vid: nbytes_of(values[vid].max_shape, values[vid].dtype) for vid in lives}
         self._offsets, total = planner.plan_offsets(sizes, lives)
@@ -61,15 +66,19 @@ class CpuExecutor:
         graph = self.graph
         views = {vid: self._view(vid, b.live[vid]) for vid in self._offsets}
         views.update(self._weights)
+        views.update(self._states)
+        views.update((vid, views[root]) for vid, root in self._root.items() if root in views)
         patches: dict = {}     # graph input / output value id -> [(arg list, index)]
         external = set(graph.inputs) | set(graph.outputs)
+        # storage of its own (weights, states, in-place results): never a caller's tensor
+        fixed = set(self._weights) | set(self._states) | set(self._root)
         calls = []
         for st, kernel, attrs in zip(self.plan.steps, self._kernels, b.attrs):
             ins = [None if v == -1 else views.get(v) for v in st.inputs]
             outs = [views[v] for v in st.outputs]
             for lst, ids in ((ins, st.inputs), (outs, st.outputs)):
                 for k, v in enumerate(ids):
-                    if v in external and v not in self._weights:
+                    if v in external and v not in fixed:
                         patches.setdefault(v, []).append((lst, k))
             calls.append((kernel.fn, ins, outs, attrs))
         inputs = [(pos, patches.pop(vid, [])) for pos, vid in enumerate(graph.inputs)
@@ -80,13 +89,16 @@ class CpuExecutor:
                 source = ("output", first[vid])
             elif vid in graph.inputs:
                 source = ("input", graph.inputs.index(vid))
-            elif vid in self._weights:
-                source = ("weight", self._weights[vid])
+            elif vid in fixed:
+                source = ("weight", views[vid])
             else:
                 source = ("sites", patches.get(vid, []))
             first.setdefault(vid, j)
             outputs.append((b.live[vid], graph.values[vid].dtype, source))
-        return Replay(calls, inputs, outputs)
+        updates = [(self._states[u.state], graph.inputs.index(u.value) if u.value in graph.inputs
+                    else views[u.value]) for u in graph.state_updates
+                   if self._root.get(u.value, u.value) != u.state]
+        return Replay(calls, inputs, outputs, updates)
 
     def _view(self, vid: int, shape: tuple) -> torch.Tensor:
         spec = self.graph.values[vid]
@@ -108,13 +120,15 @@ class CpuExecutor:
         r = b.payload
         self._bind_inputs(r, inputs)
         bound = self._bind_outputs(r, outputs)
-        attrs_now = self._dynamic_attrs(b, inputs) if self.plan.dynamic_steps else None
+        attrs_now = self.plan.dynamic_attrs(b, inputs) if self.plan.per_execute else None
         try:
             with single_threaded_torch():
                 self._run(r.calls, attrs_now)
+            results = self._finish(r, bound, inputs)
+            _update_states(r, inputs)
         finally:
             self._bind_inputs(r, None)   # the replay holds no caller tensor between executes
-        return self._finish(r, bound, inputs)
+        return results
 
     def _bind_inputs(self, r: Replay, inputs: list | None) -> None:
         """Patch each input into the kernel calls that read it (None: unpatch)."""
@@ -192,31 +206,36 @@ class CpuExecutor:
         r = b.payload
         self._bind_inputs(r, inputs)
         bound = self._bind_outputs(r, None)
-        attrs_now = self._dynamic_attrs(b, inputs) if self.plan.dynamic_steps else {}
+        attrs_now = self.plan.dynamic_attrs(b, inputs) if self.plan.per_execute else {}
         times, scratch = [], self._scratch_view
         with single_threaded_torch():
             for st, (fn, ins, outs, attrs) in zip(self.plan.steps, r.calls):
                 t0 = time.perf_counter()
                 fn(ins, outs, attrs_now.get(st.index, attrs), scratch)
                 times.append((f"{st.op} [{st.name or st.index}]", time.perf_counter() - t0))
-        return self._finish(r, bound, inputs), times, "wall"
-
-    def _dynamic_attrs(self, b: Binding, inputs: list) -> dict:
-        env = dict(b.env)
-        env.update(self.plan.offset_env(inputs))
-        return {i: symexpr.resolve(self.plan.steps[i].attrs, env) for i in self.plan.dynamic_steps}
+        results = self._finish(r, bound, inputs)
+        _update_states(r, inputs)
+        self._bind_inputs(r, None)
+        return results, times, "wall"
 
     def describe(self) -> dict:
         return {"device": "cpu", "threads": get_pool().num_threads,
                 "ops": [n.op for n in self.graph.nodes], "arena_bytes": self._arena.numel(),
+                "state_bytes": sum(t.nbytes for t in self._states.values()),
                 "scratch_bytes": self._scratch.nbytes, "plans": vars(self.plan.stats)}
 
     def destroy(self) -> None:
         self._arena = torch.empty(0, dtype=torch.uint8)
-        self._weights = {}
+        self._weights, self._states = {}, {}
         self._scratch.release()
         self._scratch_view = None
         self.plan = None
+
+
+def _update_states(r: Replay, inputs: list) -> None:
+    """States whose new value no kernel wrote in place take it now, after the outputs."""
+    for state, src in r.updates:
+        state.copy_(inputs[src] if isinstance(src, int) else src)
 
 
 def scratch_bytes(plan: GraphPlan, kernels: dict) -> int:

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from delegate import ops as registry
 from kernels_cpu.threadpool import single_threaded_torch
 
 @dataclass
 class CpuRun:
     """One run of consecutive CPU nodes of one binding, ready to call."""
     steps: list           # graph plan step indices it runs
-    calls: list           # [(kernel fn, ins, outs, attrs)]
+    calls: list           # [(step index, kernel fn, ins, outs, attrs)]
     inputs: list          # [(graph input position, [(arg list, index)])]
     reads: list           # [(GPU buffer, staging offset, nbytes, host tensor)]
     writes: list          # [(GPU buffer, host tensor)]
@@ -50,10 +51,12 @@ def build_run(ex, steps: list, binding, host: dict) -> CpuRun:
                     offset += size
                 ins.append(host[vid])
         outs = []
-        for vid in st.outputs:
-            host[vid] = _host_tensor(graph, vid, binding)
+        for k, vid in enumerate(st.outputs):
+            # an in-place op (a cache write) updates its input 0's host copy, uploaded whole
+            in_place = k == 0 and registry.get_op(st.op).in_place
+            host[vid] = ins[0] if in_place else _host_tensor(graph, vid, binding)
             outs.append(host[vid])
-        calls.append((kernels[st.index].fn, ins, outs, binding.attrs[st.index]))
+        calls.append((st.index, kernels[st.index].fn, ins, outs, binding.attrs[st.index]))
     writes = [(ex._buffer_of(vid), host[vid]) for st in steps for vid in st.outputs]
     return CpuRun([st.index for st in steps], calls, sorted(inputs.items()), reads, writes, offset)
 
@@ -69,8 +72,9 @@ def staging_buffer(ex, runs_bytes: int):
     return ex._new_buffer(runs_bytes, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
 
-def run(ex, r: CpuRun, encoder, inputs: list):
-    """Submit the encoder, read back, run the CPU kernels, upload; return a fresh encoder."""
+def run(ex, r: CpuRun, encoder, inputs: list, attrs_now: dict):
+    """Submit the encoder, read back, run the CPU kernels (offset-dependent ones with this
+    execute's attributes, attrs_now), upload; return a fresh encoder."""
     from delegate.runtime.webgpu_executor import _NP_DTYPES, _to_gpu_dtype
 
     gpu = ex._gpu
@@ -93,9 +97,12 @@ def run(ex, r: CpuRun, encoder, inputs: list):
         for lst, j in sites:
             lst[j] = inputs[pos]
     with single_threaded_torch():
-        for fn, ins, outs, attrs in r.calls:
-            fn(ins, outs, attrs, ex._cpu_scratch)
+        for step, fn, ins, outs, attrs in r.calls:
+            fn(ins, outs, attrs_now.get(step, attrs), ex._cpu_scratch)
     for buf, t in r.writes:
         if t.numel():
-            gpu.queue.write_buffer(buf, 0, _to_gpu_dtype(t, "CPU fallback result").numpy())
+            data = _to_gpu_dtype(t, "CPU fallback result").numpy()
+            gpu.queue.write_buffer(buf, 0, data)
+            ex.transfers.upload(data.nbytes)
+    ex.transfers.download(r.staging_bytes)
     return gpu.device.create_command_encoder()

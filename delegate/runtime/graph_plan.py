@@ -82,6 +82,12 @@ class GraphPlan:
         self.offset_bindings = [s for s in graph.symbols if s.name not in dim_syms]
         offsets = {s.name for s in self.offset_bindings}
         self.dynamic_steps = [st.index for st in self.steps if st.symbols & offsets]
+        # export's runtime asserts (torch._check on a position): once per binding when they
+        # read only shape symbols, every execute when they read an offset
+        checks = [(c, symexpr.symbols_of(c.expr)) for c in graph.checks]
+        self._binding_checks = [c for c, syms in checks if not syms & offsets]
+        self._offset_checks = [c for c, syms in checks if syms & offsets]
+        self.per_execute = bool(self.dynamic_steps or self._offset_checks)
         self._tensor_inputs = [(i, graph.values[vid]) for i, vid in enumerate(graph.inputs)
                                if isinstance(graph.values[vid], TensorValue)]
         self._cache: OrderedDict = OrderedDict()
@@ -111,15 +117,41 @@ class GraphPlan:
 
     def _fast_key(self, inputs) -> tuple | None:
         try:
-            return tuple(int(inputs[s.input]) if s.dim == -1 else inputs[s.input].shape[s.dim]
-                         for s in self.shape_bindings)
+            return tuple(shapes.symbol_value(s, inputs) for s in self.shape_bindings)
         except (IndexError, TypeError, AttributeError, ValueError, RuntimeError):
             return None
 
     def offset_env(self, inputs: list) -> dict:
         """Values of the offset symbols for this execute (empty when the graph has none)."""
-        return {s.name: int(inputs[s.input]) if s.dim == -1 else int(inputs[s.input].shape[s.dim])
-                for s in self.offset_bindings}
+        try:
+            return {s.name: shapes.symbol_value(s, inputs) for s in self.offset_bindings}
+        except (IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
+            raise InputError(f"inputs: expected the values the offset symbols "
+                             f"{[s.name for s in self.offset_bindings]} read, got "
+                             f"{type(e).__name__}: {e}") from None
+
+    def dynamic_attrs(self, b: Binding, inputs: list) -> dict:
+        """step index -> its attributes at this execute's offsets, for the steps that read an
+        offset symbol; each is checked by its shape function (a cache write past the end is an
+        InputError here, before any kernel runs)."""
+        env = dict(b.env)
+        env.update(self.offset_env(inputs))
+        _run_checks(self._offset_checks, env)
+        out = {}
+        for i in self.dynamic_steps:
+            st = self.steps[i]
+            attrs = symexpr.resolve(st.attrs, env)
+            want = [b.live[v] for v in st.outputs]
+            try:
+                got = [tuple(s) for s in st.infer([None if v == -1 else b.live[v]
+                                                   for v in st.inputs], attrs)]
+            except DelegateError as e:
+                raise InputError(f"{st.where()}: {e}") from None
+            if got != want:   # a slice past its source's end at this offset
+                raise InputError(f"{st.where()} at offsets {self.offset_env(inputs)}: expected "
+                                 f"output shapes {want}, got {got}")
+            out[i] = attrs
+        return out
 
     def _new_binding(self, key: tuple, env: dict) -> Binding:
         self.stats.misses += 1
@@ -133,6 +165,7 @@ class GraphPlan:
                      if getattr(values[vid], "kind", None) == "int")
         b = Binding(key, env, live, attrs, len(self.graph.inputs), checks, ints)
         _check_bounds(values, live)
+        _run_checks(self._binding_checks, env)
         self._validate_binding(b)
         b.payload = self._build_payload(b)
         self._cache[key] = b
@@ -156,6 +189,14 @@ class GraphPlan:
 
     def max_env(self) -> dict:
         return max_env(self.graph)
+
+
+def _run_checks(checks: list, env: dict) -> None:
+    for c in checks:
+        if symexpr.evaluate(c.expr, env) < 0:
+            raise InputError(f"runtime check from the export: expected {c.expr} >= 0, got "
+                             f"{symexpr.evaluate(c.expr, env)} at {env}"
+                             + (f" ({c.message})" if c.message else ""))
 
 
 def _check_bounds(values: list, live: dict) -> None:

@@ -43,6 +43,31 @@ def lifetimes(graph: Graph) -> dict:
     }
 
 
+def in_place_roots(graph: Graph) -> dict:
+    """value id -> the value whose buffer it is, for outputs of in-place ops (OpDef.in_place):
+    a cache write's result is the cache."""
+    from delegate import ops as registry
+
+    root: dict = {}
+    for node in graph.nodes:
+        if registry.get_op(node.op).in_place:
+            src = node.inputs[0]
+            root[node.outputs[0]] = root.get(src, src)
+    return root
+
+
+def shared_lifetimes(graph: Graph, roots: dict) -> dict:
+    """lifetimes(), with each value that shares its root's bytes (a view, an in-place
+    result) folded into the root's interval and left out itself."""
+    lives = lifetimes(graph)
+    for vid, root in roots.items():
+        if vid in lives and root in lives:
+            a, b = lives.pop(vid), lives[root]
+            lives[root] = Interval(min(a.first, b.first), max(a.last, b.last))
+        lives.pop(vid, None)
+    return lives
+
+
 def plan_offsets(sizes: dict, lives: dict, alignment: int = 64) -> tuple:
     """Greedy best-fit: largest values first, each at the lowest offset free during its life.
 

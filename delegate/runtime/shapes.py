@@ -20,6 +20,9 @@ def bind_inputs(graph: Graph, inputs: list) -> dict:
             env[s.name] = int(t)
         elif isinstance(t, torch.Tensor) and t.dim() > s.dim >= 0:
             env[s.name] = int(t.shape[s.dim])
+        elif isinstance(t, torch.Tensor) and s.dim < 0 and 0 <= s.element < t.numel() \
+                and not t.is_floating_point() and not t.is_complex():
+            env[s.name] = int(t.reshape(-1)[s.element])
     for i, (vid, t) in enumerate(zip(graph.inputs, inputs)):
         spec = graph.values[vid]
         if isinstance(spec, TensorValue):
@@ -27,6 +30,16 @@ def bind_inputs(graph: Graph, inputs: list) -> dict:
         elif spec.kind == "int" and (isinstance(t, bool) or not isinstance(t, int)):
             raise InputError(f"input {i}: expected an int, got {type(t).__name__}")
     return env
+
+
+def symbol_value(s, inputs: list) -> int:
+    """The live value of one symbol: a dim of its input, or (dim < 0) an element of it."""
+    t = inputs[s.input]
+    if s.dim >= 0:
+        return int(t.shape[s.dim])
+    if isinstance(t, torch.Tensor):
+        return int(t.reshape(-1)[s.element])
+    return int(t)
 
 
 def check_tensor_kind(what: str, t, dtype: torch.dtype, rank: int) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 import kernels_wgsl
+from delegate import ops as registry
 from delegate import symexpr
 from delegate.errors import BlobError, DelegateError, DeviceError, InputError, UnsupportedError
 from delegate.ir import Graph, TensorValue
@@ -70,6 +71,32 @@ class Replay:
 
 
 @dataclass
+class Transfers:
+    """Bytes moved between host and GPU: by the last execute and in all, so a test can
+    assert that a decode step moves only the token, the params prefix and the logits."""
+    uploads: int = 0              # write_buffer calls of the last execute
+    upload_bytes: int = 0
+    download_bytes: int = 0
+    executes: int = 0
+    total_upload_bytes: int = 0
+    total_download_bytes: int = 0
+
+    def begin(self) -> "Transfers":
+        self.uploads = self.upload_bytes = self.download_bytes = 0
+        self.executes += 1
+        return self
+
+    def upload(self, nbytes: int) -> None:
+        self.uploads += 1
+        self.upload_bytes += nbytes
+        self.total_upload_bytes += nbytes
+
+    def download(self, nbytes: int) -> None:
+        self.download_bytes += nbytes
+        self.total_download_bytes += nbytes
+
+
+@dataclass
 class Slot:
     """One storage buffer and what it holds."""
     buffer: object
@@ -88,7 +115,9 @@ class WebGpuExecutor:
         self._buffers: list = []      # every GPUBuffer this load created; destroyed in destroy()
         self._pipeline_keys: list = []
         self._steps: list = []        # per IR node: its BoundDispatches
-        self._params_now = None       # the params block last uploaded
+        self._params_now = None       # the binding whose params block was last uploaded
+        self._prefix_now = b""        # and its offset-dependent prefix
+        self.transfers = Transfers()
         try:
             self.plan = GraphPlan(graph, self._replay)
             self._build(weights)
@@ -111,14 +140,30 @@ class WebGpuExecutor:
         specs = [self._specs(node, kernel, env) for node, kernel in zip(nodes, kernels)]
         self._params_buffer = self._params_layout(specs)
         self._scratch = self._scratch_buffers(specs)
-        offset = 0
-        for node, step_specs in zip(nodes, specs):
-            bound = []
-            for spec, size in step_specs:
-                bound.append(self._bind(node, spec, offset, size))
-                offset += self._params_stride(size)
-            self._steps.append(bound)
+        offsets = self._params_offsets(specs)
+        for i, (node, step_specs) in enumerate(zip(nodes, specs)):
+            self._steps.append([self._bind(node, spec, offsets[i, j], size)
+                                for j, (spec, size) in enumerate(step_specs)])
         self._readback = self._readback_buffer()
+        read = {v for n in nodes for v in n.inputs} | set(self.graph.outputs)
+        read |= {u.value for u in self.graph.state_updates}
+        # an input only a symbol reads (input_pos) is not uploaded
+        self._uploaded_inputs = [(k, vid) for k, vid in enumerate(self.graph.inputs) if vid in read]
+
+    def _params_offsets(self, specs: list) -> dict:
+        """(step, dispatch) -> offset in the params buffer. Dispatches whose params follow an
+        offset symbol come first, so a decode step rewrites one short prefix of the block."""
+        dynamic = set(self.plan.dynamic_steps)
+        order = sorted(range(len(specs)), key=lambda i: i not in dynamic)
+        offsets, offset = {}, 0
+        self._dynamic_bytes = 0
+        for i in order:
+            for j, (_, size) in enumerate(specs[i]):
+                offsets[i, j] = offset
+                offset += self._params_stride(size)
+            if i in dynamic:
+                self._dynamic_bytes = offset
+        return offsets
 
     def _plan_fallback(self, nodes, kernels, weights: dict) -> None:
         """Nodes with no WGSL kernel run on the CPU kernels (cpu_fallback): those kernels, the
@@ -192,7 +237,7 @@ class WebGpuExecutor:
         self._weights: dict = {}      # constant key -> GPUBuffer
         limit = self._gpu.limits["max-storage-buffer-binding-size"]
         for vid, v in enumerate(self.graph.values):
-            if not (isinstance(v, TensorValue) and v.constant_key):
+            if not (isinstance(v, TensorValue) and v.constant_key) or v.state:
                 continue
             if v.constant_key not in self._weights:
                 host = _to_gpu_dtype(weights[v.constant_key], f"weight {v.constant_key}").contiguous()
@@ -201,19 +246,29 @@ class WebGpuExecutor:
                 data += bytes(max(0, MIN_BUFFER - len(data)))  # wgpu refuses empty buffers
                 self._weights[v.constant_key] = self._new_buffer(0, data=data)
             self._loc[vid] = ("weight", v.constant_key)
+        self._upload_states(weights, limit)
         for vid, root in self._root.items():
             if root in self._loc:
                 self._loc[vid] = self._loc[root]
 
+    def _upload_states(self, weights: dict, limit: int) -> None:
+        """Each state gets a buffer of its own (two states may start from the same bytes),
+        holding its initial value; it stays resident across executes until destroy()."""
+        self._states: dict = {}       # state value id -> GPUBuffer
+        for vid, v in enumerate(self.graph.values):
+            if isinstance(v, TensorValue) and v.state:
+                host = _to_gpu_dtype(weights[v.constant_key], f"state {vid}").contiguous()
+                _check_binding(host.numel() * ELEMENT_BYTES, limit, f"state {vid}")
+                data = host.reshape(-1).view(torch.uint8).numpy().tobytes()
+                self._states[vid] = self._new_buffer(0, data=data + bytes(max(0, MIN_BUFFER - len(data))))
+                self._loc[vid] = ("state", vid)
+        self._state_copies = [(u.value, u.state) for u in self.graph.state_updates
+                              if self._root.get(u.value, u.value) != u.state]
+
     def _plan_slots(self) -> None:
         """Greedy interval colouring: largest values first, each into the first buffer none of
         whose values is live at the same time; a view shares its base's buffer and life."""
-        lives = planner.lifetimes(self.graph)
-        for vid, root in self._root.items():
-            if vid in lives and root in lives:
-                a, b = lives.pop(vid), lives[root]
-                lives[root] = planner.Interval(min(a.first, b.first), max(a.last, b.last))
-            lives.pop(vid, None)
+        lives = planner.shared_lifetimes(self.graph, self._root)
         sizes = {vid: _capacity(self.graph.values[vid]) for vid in lives}
         limit = self._gpu.limits["max-storage-buffer-binding-size"]
         self._slots: list = []
@@ -236,7 +291,9 @@ class WebGpuExecutor:
         if vid == -1:
             return self._dummy
         kind, key = self._loc[vid]
-        return self._weights[key] if kind == "weight" else self._slots[key].buffer
+        if kind == "slot":
+            return self._slots[key].buffer
+        return self._weights[key] if kind == "weight" else self._states[key]
 
     def _slot_of(self, vid: int):
         if vid == -1 or self._loc[vid][0] != "slot":
@@ -327,11 +384,11 @@ class WebGpuExecutor:
     def execute(self, inputs: list, outputs: list | None = None) -> list:
         """Run the graph; `outputs` as for CpuExecutor.execute."""
         b = self.plan.binding_for(inputs)
-        self._upload(b, inputs)
+        attrs_now = self._upload(b, inputs)
         encoder = self._gpu.device.create_command_encoder()
         for part in b.payload.parts:
             if not isinstance(part, list):   # nodes with no WGSL kernel: run them on the CPU
-                encoder = cpu_fallback.run(self, part, encoder, inputs)
+                encoder = cpu_fallback.run(self, part, encoder, inputs, attrs_now)
                 continue
             if len(part) >= SPLIT_SUBMIT_MIN:   # the GPU starts while the rest is encoded
                 half = len(part) // 2
@@ -341,26 +398,38 @@ class WebGpuExecutor:
             self._encode(encoder.begin_compute_pass(), part)
         return self._finish(encoder, b, outputs)
 
-    def _upload(self, b, inputs: list) -> None:
-        """The inputs, and the params block when another binding (or an offset) changed it."""
-        queue = self._gpu.queue
-        for vid, t in zip(self.graph.inputs, inputs):
+    def _upload(self, b, inputs: list) -> dict:
+        """The inputs nodes read, and the params: the whole block when the binding changed,
+        else only the prefix of offset-dependent params when an offset moved. Returns the
+        offset-dependent steps' attributes at this execute."""
+        queue, moved = self._gpu.queue, self.transfers.begin()
+        for k, vid in self._uploaded_inputs:
+            t = inputs[k]
             if isinstance(t, torch.Tensor) and t.numel():
                 host = t if t.dtype in _SAME_ON_GPU else _to_gpu_dtype(t, f"input value {vid}")
-                queue.write_buffer(self._buffer_of(vid), 0, host.contiguous().numpy())
+                host = host.contiguous().numpy()
+                queue.write_buffer(self._buffer_of(vid), 0, host)
+                moved.upload(host.nbytes)
         r = b.payload
-        block = r.params if not r.dynamic else self._dynamic_params(b, inputs)
-        if block != self._params_now:
+        attrs_now = self.plan.dynamic_attrs(b, inputs) if self.plan.per_execute else {}
+        prefix = self._dynamic_params(b, attrs_now) if r.dynamic else b""
+        if self._params_now is not b:
+            block = prefix + r.params[len(prefix):]
             queue.write_buffer(self._params_buffer, 0, block)
-            self._params_now = block
+            moved.upload(len(block))
+            self._params_now, self._prefix_now = b, prefix
+        elif prefix != self._prefix_now:
+            queue.write_buffer(self._params_buffer, 0, prefix)
+            moved.upload(len(prefix))
+            self._prefix_now = prefix
+        return attrs_now
 
-    def _dynamic_params(self, b, inputs: list) -> bytes:
-        env = dict(b.env)
-        env.update(self.plan.offset_env(inputs))
-        block = bytearray(b.payload.params)
+    def _dynamic_params(self, b, attrs_now: dict) -> bytes:
+        """The params prefix (offset-dependent dispatches, _params_offsets) at this execute."""
+        block = bytearray(b.payload.params[:self._dynamic_bytes])
         for i, d in b.payload.dynamic:
             st = self.plan.steps[i]
-            attrs = symexpr.resolve(st.attrs, env)
+            attrs = attrs_now[i]
             ins = [None if v == -1 else b.live[v] for v in st.inputs]
             self._write_params(d, block, ins, [b.live[v] for v in st.outputs], attrs, st)
         return bytes(block)
@@ -369,11 +438,11 @@ class WebGpuExecutor:
         """(outputs, [("entry [op]", seconds)], clock): each dispatch in its own compute pass,
         timed by GPU timestamp queries ("gpu") or, without them, by waiting on each ("wall")."""
         b = self.plan.binding_for(inputs)
-        self._upload(b, inputs)
+        attrs_now = self._upload(b, inputs)
         plan = b.payload.dispatches
         labels = [f"{d.spec.entry} [{d.op}]" for d, _ in plan]
         if not self._gpu.has_timestamps or len(b.payload.parts) > 1:
-            return self._wall_profiled(b, inputs)
+            return self._wall_profiled(b, inputs, attrs_now)
         import wgpu
 
         device = self._gpu.device
@@ -397,7 +466,7 @@ class WebGpuExecutor:
         times = [(lab, float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9) for i, lab in enumerate(labels)]
         return outs, times, "gpu"
 
-    def _wall_profiled(self, b, inputs) -> tuple:
+    def _wall_profiled(self, b, inputs, attrs_now: dict) -> tuple:
         """Each dispatch submitted and waited for on its own; a CPU fallback run timed whole."""
         import time
 
@@ -405,7 +474,7 @@ class WebGpuExecutor:
         for part in b.payload.parts:
             if not isinstance(part, list):
                 t0 = time.perf_counter()
-                cpu_fallback.run(self, part, device.create_command_encoder(), inputs)
+                cpu_fallback.run(self, part, device.create_command_encoder(), inputs, attrs_now)
                 ops = sorted({self.plan.steps[i].op for i in part.steps})
                 times.append((f"cpu fallback [{', '.join(ops)}]", time.perf_counter() - t0))
                 continue
@@ -438,6 +507,11 @@ class WebGpuExecutor:
         """Copy the live output bytes to the readback buffer, submit, and read them straight
         into the output tensors (the caller's when given)."""
         r = b.payload
+        for value, state in self._state_copies:   # states whose new value lives elsewhere
+            nbytes = kernels_wgsl.numel(self.graph.values[state].max_shape) * ELEMENT_BYTES
+            if nbytes:
+                encoder.copy_buffer_to_buffer(self._buffer_of(value), 0, self._states[state], 0,
+                                              nbytes)
         for _, src, off, size in r.reads:
             if size:
                 encoder.copy_buffer_to_buffer(src, 0, self._readback, off, size)
@@ -451,6 +525,7 @@ class WebGpuExecutor:
             results.append(out)
         if not r.readback_bytes:
             return results
+        self.transfers.download(r.readback_bytes)
         # READ_NOSYNC: wgpu-py's first-map workaround submits an empty command buffer so a
         # never-written buffer reads back; ours was just written by the submit above.
         self._readback.map_sync("READ_NOSYNC", 0, _align4(r.readback_bytes))
@@ -483,6 +558,8 @@ class WebGpuExecutor:
                 "buffers": len(self._slots) if hasattr(self, "_slots") else 0,
                 "activation_bytes": sum(s.nbytes for s in getattr(self, "_slots", [])),
                 "weight_bytes": sum(b.size for b in getattr(self, "_weights", {}).values()),
+                "state_bytes": sum(b.size for b in getattr(self, "_states", {}).values()),
+                "transfers": vars(self.transfers),
                 "shader_f16": self._gpu.has_f16, "timestamps": self._gpu.has_timestamps,
                 "plans": vars(self.plan.stats) if self.plan else {}}
 
@@ -496,17 +573,18 @@ class WebGpuExecutor:
         self._pipeline_keys = []
         self._steps = []
         self.plan = None
-        self._slots, self._weights, self._loc = [], {}, {}
+        self._slots, self._weights, self._states, self._loc = [], {}, {}, {}
         self._readback = self._dummy = self._dummy_rw = self._params_buffer = None
         self._scratch = []
 
 
 # ---- helpers ----------------------------------------------------------------------------------
 def _alias_roots(nodes, kernels) -> dict:
-    """value id -> the value whose bytes it reinterprets, for outputs of alias (view) kernels."""
+    """value id -> the value whose bytes it is: outputs of alias (view) kernels, which run no
+    dispatch, and of in-place ops (a cache write), which write into their input 0."""
     root = {}
     for node, kernel in zip(nodes, kernels):
-        if kernel is not None and kernel.alias:
+        if (kernel is not None and kernel.alias) or registry.get_op(node.op).in_place:
             src = node.inputs[0]
             root[node.outputs[0]] = root.get(src, src)
     return root

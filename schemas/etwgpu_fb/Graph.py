@@ -164,8 +164,58 @@ class Graph(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
 
+    # Graph
+    def StateUpdates(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            from schemas.etwgpu_fb.StateUpdate import StateUpdate
+            obj = StateUpdate()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Graph
+    def StateUpdatesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Graph
+    def StateUpdatesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        return o == 0
+
+    # Graph
+    def Checks(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            from schemas.etwgpu_fb.Check import Check
+            obj = Check()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Graph
+    def ChecksLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Graph
+    def ChecksIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        return o == 0
+
 def GraphStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(8)
 
 def Start(builder):
     GraphStart(builder)
@@ -236,13 +286,39 @@ def GraphStartSymbolsVector(builder, numElems):
 def StartSymbolsVector(builder, numElems):
     return GraphStartSymbolsVector(builder, numElems)
 
+def GraphAddStateUpdates(builder, stateUpdates):
+    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(stateUpdates), 0)
+
+def AddStateUpdates(builder, stateUpdates):
+    GraphAddStateUpdates(builder, stateUpdates)
+
+def GraphStartStateUpdatesVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartStateUpdatesVector(builder, numElems):
+    return GraphStartStateUpdatesVector(builder, numElems)
+
+def GraphAddChecks(builder, checks):
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(checks), 0)
+
+def AddChecks(builder, checks):
+    GraphAddChecks(builder, checks)
+
+def GraphStartChecksVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartChecksVector(builder, numElems):
+    return GraphStartChecksVector(builder, numElems)
+
 def GraphEnd(builder):
     return builder.EndObject()
 
 def End(builder):
     return GraphEnd(builder)
 
+import schemas.etwgpu_fb.Check
 import schemas.etwgpu_fb.Node
+import schemas.etwgpu_fb.StateUpdate
 import schemas.etwgpu_fb.Symbol
 import schemas.etwgpu_fb.Value
 try:
@@ -260,6 +336,8 @@ class GraphT(object):
         self.inputs = None  # type: List[int]
         self.outputs = None  # type: List[int]
         self.symbols = None  # type: List[schemas.etwgpu_fb.Symbol.SymbolT]
+        self.stateUpdates = None  # type: List[schemas.etwgpu_fb.StateUpdate.StateUpdateT]
+        self.checks = None  # type: List[schemas.etwgpu_fb.Check.CheckT]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -321,6 +399,22 @@ class GraphT(object):
                 else:
                     symbol_ = schemas.etwgpu_fb.Symbol.SymbolT.InitFromObj(graph.Symbols(i))
                     self.symbols.append(symbol_)
+        if not graph.StateUpdatesIsNone():
+            self.stateUpdates = []
+            for i in range(graph.StateUpdatesLength()):
+                if graph.StateUpdates(i) is None:
+                    self.stateUpdates.append(None)
+                else:
+                    stateUpdate_ = schemas.etwgpu_fb.StateUpdate.StateUpdateT.InitFromObj(graph.StateUpdates(i))
+                    self.stateUpdates.append(stateUpdate_)
+        if not graph.ChecksIsNone():
+            self.checks = []
+            for i in range(graph.ChecksLength()):
+                if graph.Checks(i) is None:
+                    self.checks.append(None)
+                else:
+                    check_ = schemas.etwgpu_fb.Check.CheckT.InitFromObj(graph.Checks(i))
+                    self.checks.append(check_)
 
     # GraphT
     def Pack(self, builder):
@@ -364,6 +458,22 @@ class GraphT(object):
             for i in reversed(range(len(self.symbols))):
                 builder.PrependUOffsetTRelative(symbolslist[i])
             symbols = builder.EndVector()
+        if self.stateUpdates is not None:
+            stateUpdateslist = []
+            for i in range(len(self.stateUpdates)):
+                stateUpdateslist.append(self.stateUpdates[i].Pack(builder))
+            GraphStartStateUpdatesVector(builder, len(self.stateUpdates))
+            for i in reversed(range(len(self.stateUpdates))):
+                builder.PrependUOffsetTRelative(stateUpdateslist[i])
+            stateUpdates = builder.EndVector()
+        if self.checks is not None:
+            checkslist = []
+            for i in range(len(self.checks)):
+                checkslist.append(self.checks[i].Pack(builder))
+            GraphStartChecksVector(builder, len(self.checks))
+            for i in reversed(range(len(self.checks))):
+                builder.PrependUOffsetTRelative(checkslist[i])
+            checks = builder.EndVector()
         GraphStart(builder)
         GraphAddVersion(builder, self.version)
         if self.values is not None:
@@ -376,5 +486,9 @@ class GraphT(object):
             GraphAddOutputs(builder, outputs)
         if self.symbols is not None:
             GraphAddSymbols(builder, symbols)
+        if self.stateUpdates is not None:
+            GraphAddStateUpdates(builder, stateUpdates)
+        if self.checks is not None:
+            GraphAddChecks(builder, checks)
         graph = GraphEnd(builder)
         return graph

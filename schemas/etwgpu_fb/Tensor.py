@@ -67,8 +67,15 @@ class Tensor(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # Tensor
+    def State(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
 def TensorStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def Start(builder):
     TensorStart(builder)
@@ -97,6 +104,12 @@ def TensorAddConstantKey(builder, constantKey):
 def AddConstantKey(builder, constantKey):
     TensorAddConstantKey(builder, constantKey)
 
+def TensorAddState(builder, state):
+    builder.PrependBoolSlot(3, state, 0)
+
+def AddState(builder, state):
+    TensorAddState(builder, state)
+
 def TensorEnd(builder):
     return builder.EndObject()
 
@@ -116,6 +129,7 @@ class TensorT(object):
         self.dtype = 0  # type: int
         self.dims = None  # type: List[schemas.etwgpu_fb.Dim.DimT]
         self.constantKey = None  # type: str
+        self.state = False  # type: bool
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -148,6 +162,7 @@ class TensorT(object):
                     dim_ = schemas.etwgpu_fb.Dim.DimT.InitFromObj(tensor.Dims(i))
                     self.dims.append(dim_)
         self.constantKey = tensor.ConstantKey()
+        self.state = tensor.State()
 
     # TensorT
     def Pack(self, builder):
@@ -167,5 +182,6 @@ class TensorT(object):
             TensorAddDims(builder, dims)
         if self.constantKey is not None:
             TensorAddConstantKey(builder, constantKey)
+        TensorAddState(builder, self.state)
         tensor = TensorEnd(builder)
         return tensor
