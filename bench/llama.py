@@ -1,7 +1,8 @@
-"""Llama-3.2-1B (ExecuTorch's own definition, int4-g32) prefill and decode on our WebGPU
-executor, against the same model in eager bf16 PyTorch on CUDA in the same run.
+"""Llama-3.2-1B (ExecuTorch's own definition, int4-g32; any model of delegate/llm.py) prefill
+and decode on our WebGPU executor, against the same model in eager bf16 PyTorch on CUDA in the
+same run.
 
-    python bench/llama.py [--layers 16] [--prefill 128,512,2048] [--contexts 128,2048]
+    python bench/llama.py [--model llama3_2_1b] [--prefill 128,512,2048] [--contexts 128,2048]
                           [--steps 32] [--quantize int4-g32|none] [--profile]
 
 Weights are fixed-seed random (nothing is downloaded). The KV caches live in the delegate; a
@@ -17,44 +18,49 @@ from collections import defaultdict
 
 import torch
 
-from delegate.aot import lower, undelegated_ops
+from delegate import llm
 from delegate.runtime.program import Runtime
 
-# Llama-3.2-1B's published shape (meta-llama/Llama-3.2-1B config.json: hidden 2048, 16 layers,
-# 32 heads, 8 KV heads, FFN 8192, vocab 128256, rope theta 500000 with Llama-3 scaling 32)
-LLAMA3_2_1B = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256,
-                   hidden_dim=8192, norm_eps=1e-5, rope_theta=500000.0, use_scaled_rope=True,
-                   rope_scale_factor=32, use_kv_cache=True, enable_dynamic_shape=True,
-                   generate_full_logits=False)
 
 
-def build(layers: int, max_seq: int, quantize: str, dtype=torch.float32, vocab: int = 128256):
-    from executorch.examples.models.llama.llama_transformer import construct_transformer
-    from executorch.examples.models.llama.model_args import ModelArgs
-
-    torch.manual_seed(0)
-    args = ModelArgs(**{**LLAMA3_2_1B, "n_layers": layers, "max_seq_len": max_seq,
-                        "max_context_len": max_seq, "vocab_size": vocab})
-    model = construct_transformer(args).to(dtype).eval().requires_grad_(False)
-    if quantize != "none":
-        from torchao.quantization import IntxWeightOnlyConfig, quantize_
-        from torchao.quantization.granularity import PerGroup
-
-        group = int(quantize.split("-g")[1])
-        quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group)))
-    return model
+def build(name: str, max_seq: int, quantize: str, dtype=torch.float32):
+    model = llm.quantize(llm.build_model(name, max_seq), quantize)
+    return model.to(dtype)
 
 
-def export(model, max_seq: int) -> bytes:
-    seq = torch.export.Dim("T", min=1, max=max_seq)
-    example = (torch.zeros(1, 8, dtype=torch.long), {"input_pos": torch.tensor([0])})
-    pm = lower(model, example, dynamic_shapes=({1: seq}, {"input_pos": None}), device="webgpu")
-    outside = undelegated_ops(pm)
-    print(f"lowered: {len(outside)} ops outside the delegate {sorted(set(outside))}")
-    return pm.buffer
+def _old_torch_slice_guard() -> None:
+    """The H200 image's torch 2.11 cannot decide `pos + T <= rows` when ExecuTorch re-traces
+    the delegate for `narrow(freqs, 0, pos, T)` in to_executorch; the torch 2.13 that
+    ExecuTorch 1.5 pins can. For that meta trace only, on older torch: a slice whose end
+    cannot be compared is taken as in range (the delegate checks it at every execute)."""
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13):
+        return
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    op = torch.ops.aten.slice.Tensor
+    original = op.py_kernels[torch._C.DispatchKey.Meta]
+
+    def slice_meta(self, dim=0, start=None, end=None, step=1):
+        try:
+            return original(self, dim, start, end, step)
+        except GuardOnDataDependentSymNode:
+            sizes, strides = list(self.size()), list(self.stride())
+            d = dim % self.dim()
+            offset = self.storage_offset() + start * strides[d]
+            sizes[d] = (end - start + step - 1) // step
+            strides[d] *= step
+            return self.as_strided(sizes, strides, offset)
+
+    op.py_kernels[torch._C.DispatchKey.Meta] = slice_meta
+    op._dispatch_cache.clear()
 
 
-VOCAB = [LLAMA3_2_1B["vocab_size"]]
+def export(name: str, max_seq: int, quantize: str) -> bytes:
+    _old_torch_slice_guard()
+    return llm.export_llm(name, quantize, max_seq, device="webgpu")
+
+
+VOCAB = [0]
 
 
 def tokens(n: int) -> torch.Tensor:
@@ -95,11 +101,11 @@ def ours(m, prefills, contexts, steps: int) -> dict:
     return out
 
 
-def cuda_peer(layers: int, max_seq: int, prefills, contexts, steps: int, vocab: int) -> dict:
+def cuda_peer(name: str, max_seq: int, prefills, contexts, steps: int) -> dict:
     """The same ExecuTorch model in eager bf16 on CUDA, KV cache and all."""
     if not torch.cuda.is_available():
         return {}
-    model = build(layers, max_seq, "none", torch.bfloat16, vocab).cuda()
+    model = build(name, max_seq, "none", torch.bfloat16).cuda()
     dev = torch.device("cuda")
 
     def run(x, pos):
@@ -144,7 +150,7 @@ def profile(m, x, pos: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--model", default="llama3_2_1b", choices=sorted(llm.MODELS))
     p.add_argument("--max-seq", type=int, default=2048)
     p.add_argument("--prefill", default="128,512,2048")
     p.add_argument("--contexts", default="128,2048")
@@ -154,16 +160,23 @@ def main() -> None:
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--save", help="write the .pte here (a later run can --load it)")
     p.add_argument("--load", help="skip the export: run this .pte")
-    p.add_argument("--vocab", type=int, default=LLAMA3_2_1B["vocab_size"],
-                   help="a smaller vocabulary for a smoke run on a software adapter")
     a = p.parse_args()
     prefills = [int(t) for t in a.prefill.split(",") if t]
     contexts = [int(c) for c in a.contexts.split(",") if c]
     contexts = [c for c in contexts if c + a.steps <= a.max_seq]
     t0 = time.perf_counter()
-    VOCAB[0] = a.vocab
-    pte = export(build(a.layers, a.max_seq, a.quantize, vocab=a.vocab), a.max_seq)
-    print(f"export + quantize + lower: {time.perf_counter() - t0:.1f} s, .pte {len(pte) / 2**20:.0f} MiB")
+    VOCAB[0] = llm.MODELS[a.model].args["vocab_size"]
+    if a.load:
+        with open(a.load, "rb") as f:
+            pte = f.read()
+    else:
+        pte = export(a.model, a.max_seq, a.quantize)
+        print(f"export + quantize + lower: {time.perf_counter() - t0:.1f} s, "
+              f".pte {len(pte) / 2**20:.0f} MiB")
+    if a.save:
+        with open(a.save, "wb") as f:
+            f.write(pte)
+    t0 = time.perf_counter()
     prog = Runtime.get().load_program(pte, device="webgpu")
     m = prog.load_method("forward")
     print(f"load: {time.perf_counter() - t0:.1f} s")
@@ -173,9 +186,8 @@ def main() -> None:
         profile(m, tokens(1), min(128, a.max_seq // 2))
         profile(m, tokens(min(512, a.max_seq)), 0)
     prog.destroy()
-    peer = {} if a.skip_peer else cuda_peer(a.layers, a.max_seq, prefills, contexts, a.steps,
-                                                 a.vocab)
-    print(f"\nllama3_2_1b {a.quantize}, {a.layers} layers, max seq {a.max_seq}")
+    peer = {} if a.skip_peer else cuda_peer(a.model, a.max_seq, prefills, contexts, a.steps)
+    print(f"\n{a.model} {a.quantize}, max seq {a.max_seq}")
     print(f"{'case':18s} {'ours tok/s':>12s} {'torch cuda bf16':>16s} {'ours/peer':>10s}")
     for key, v in got.items():
         ref = peer.get(key)

@@ -159,13 +159,13 @@ def q4_specs(gpu: Gpu, m: int, k: int, n: int) -> list:
     info = kernels_wgsl.BuildInfo(gpu.dev, (torch.float32, torch.int32, torch.float32, None))
     routed = next(s.label for s in wq.linear_q4gsw(ins, [(m, n)], attrs, info)
                   if s.sizes(ins, [(m, n)], attrs)[1] > 0)
-    args, consts = (0, 1, 2, None, 4), (("HAS_BIAS", 0),)
+    epi = wq.bias_epilogue(False)
     always = lambda m, n: True  # noqa: E731
     if m == 1:
-        specs = [wq.coop_gemv(sg, n, args, consts, always)
+        specs = [wq.coop_gemv(sg, n, epi, always)
                  for sg in ((False, True) if gpu.dev.has_subgroups else (False,))]
     else:
-        specs = [wq.steel_gemm(tile, f16, n, args, consts, always)
+        specs = [wq.steel_gemm(tile, f16, n, epi, always)
                  for tile in (wq.TILE, wq.TILE128)
                  for f16 in ((True, False) if gpu.dev.has_f16 else (False,))
                  if tile == wq.TILE or wq.tile128_fits(gpu.dev, f16)]

@@ -1,6 +1,6 @@
 """python -m delegate: look into, run and profile a .pte on etwgpu's runner, list the ops the
-delegate implements, or run the demo. Every error is one line, `error: <DelegateError type>:
-...`, with exit code 2."""
+delegate implements, run the demo, or export an LLM and generate with it. Every error is one
+line, `error: <DelegateError type>: ...`, with exit code 2."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,12 @@ VERBS = {
            "and a WebGPU kernel, and the edge targets it claims",
     "demo": "export a small transformer, lower it with our partitioner, save and run the "
             ".pte, and compare it with eager PyTorch",
+    "export-llm": "build one of ExecuTorch's own LLM definitions (fixed-seed random weights or "
+                  "a local Hugging Face checkpoint), quantise it, export it with a dynamic "
+                  "prompt length and a KV cache, lower it with our partitioner and write the .pte",
+    "generate": "greedy generation with an LLM .pte from export-llm: one prefill of the prompt, "
+                "then one token per step; prints the token ids (and text, with --tokenizer) "
+                "and a line of prompt tok/s, decode tok/s and time to first token",
 }
 DEVICE_HELP = ("where the delegates run: auto (a hardware WebGPU adapter, else the CPU "
                "kernels), webgpu (any adapter, software ones too) or cpu; default auto")
@@ -78,7 +84,54 @@ def _parser() -> argparse.ArgumentParser:
                    help=DEVICE_HELP)
     _add_runs(d, default=10)
     d.set_defaults(fn=cmd_demo)
+    _add_export_llm(sub)
+    _add_generate(sub)
     return p
+
+
+def _add_export_llm(sub) -> None:
+    from delegate.llm import MODELS, QUANTIZE
+
+    e = sub.add_parser("export-llm", help=VERBS["export-llm"], description=VERBS["export-llm"])
+    e.add_argument("--model", required=True, choices=sorted(MODELS), metavar="NAME",
+                   help=f"which model: {', '.join(sorted(MODELS))}")
+    e.add_argument("--quantize", required=True, choices=list(QUANTIZE), metavar="SCHEME",
+                   help="weights of every linear: none (float32), int4-g32 or int4-g64 "
+                        "(torchao int4 weight-only, symmetric, groups of 32 or 64: linear_q4gsw)")
+    e.add_argument("--max-seq-len", required=True, type=_int_at_least(2), metavar="N",
+                   help="the longest prompt and the positions the KV cache holds (>= 2)")
+    e.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the graph passes (fused QKV, SwiGLU, ...) at lowering; --no-fuse "
+                        "lowers without them (default --fuse)")
+    e.add_argument("--device", default="webgpu", choices=("webgpu", "cpu"),
+                   help="the op set to partition for, webgpu or cpu; the .pte runs on either "
+                        "(default webgpu)")
+    e.add_argument("--checkpoint", metavar="DIR",
+                   help="a local Hugging Face checkpoint directory (model.safetensors or "
+                        "pytorch_model.bin) to load instead of random weights; nothing is "
+                        "downloaded")
+    e.add_argument("-o", "--out", required=True, metavar="FILE", help="where to write the .pte")
+    e.set_defaults(fn=cmd_export_llm)
+
+
+def _add_generate(sub) -> None:
+    g = sub.add_parser("generate", help=VERBS["generate"], description=VERBS["generate"])
+    g.add_argument("pte", help="path of a .pte written by export-llm")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt-len", type=_positive_int, metavar="N",
+                     help="a prompt of N fixed-seed random token ids")
+    src.add_argument("--tokens", type=_token_ids, metavar="IDS",
+                     help="the prompt as comma-separated token ids, e.g. 1,2,3")
+    src.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs --tokenizer)")
+    g.add_argument("--new-tokens", required=True, type=_positive_int, metavar="M",
+                   help="how many tokens to generate (the first comes from the prefill)")
+    g.add_argument("--device", default="auto", choices=("auto", "webgpu", "cpu"),
+                   help=DEVICE_HELP)
+    g.add_argument("--tokenizer", metavar="FILE",
+                   help="a local tokenizer file that the executorch wheel's pytorch_tokenizers "
+                        "reads (tokenizer.json, a SentencePiece or a tiktoken model): encodes "
+                        "--prompt and prints the generated text")
+    g.set_defaults(fn=cmd_generate)
 
 
 def _add_runs(parser, default: int) -> None:
@@ -87,14 +140,30 @@ def _add_runs(parser, default: int) -> None:
                              f"(default {default})")
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return n
+    return parse
+
+
+_positive_int = _int_at_least(1)
+
+
+def _token_ids(text: str) -> list:
     try:
-        n = int(text)
+        ids = [int(t) for t in text.split(",")]
     except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return n
+        ids = []
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids >= 0, got {text!r}")
+    return ids
 
 
 def _quiet_third_party() -> None:
@@ -156,6 +225,58 @@ def cmd_demo(args) -> int:
     from delegate.demo import run_demo
 
     run_demo(args.out, device=args.device, runs=args.runs)
+    return 0
+
+
+def cmd_export_llm(args) -> int:
+    from delegate.llm import export_llm
+    from delegate.runtime.inspect import describe_outside
+
+    # ExecuTorch's Llama code and emitter, on every export: deprecation and mutable-cache notes.
+    warnings.filterwarnings("ignore", message="_check_is_size", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="Mutation on a buffer", category=UserWarning)
+    data = export_llm(args.model, args.quantize, args.max_seq_len, device=args.device,
+                      fuse=args.fuse, checkpoint=args.checkpoint,
+                      progress=sys.stderr.isatty())
+    try:
+        with open(args.out, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise InputError(f"-o {args.out}: expected a writable path, "
+                         f"got {e.strerror or e}") from None
+    print(f"wrote {args.out}: {len(data) / 2**20:.1f} MiB ({args.model}, {args.quantize}, "
+          f"max seq len {args.max_seq_len})")
+    print(describe_outside(data, "forward"))
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from delegate.llm import check_request, generate, load_tokenizer, read_meta
+    from delegate.runtime.program import Runtime
+
+    if args.prompt is not None and args.tokenizer is None:
+        raise UsageError("--prompt: expected --tokenizer FILE to encode it, got none")
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    prog = Runtime.get().load_program(_read(args.pte), device=args.device)
+    try:
+        meta = read_meta(prog)
+        if args.tokens is not None:
+            prompt = args.tokens
+        elif args.prompt is not None:
+            prompt = tokenizer.encode(args.prompt, bos=True, eos=False)
+        else:
+            g = torch.Generator().manual_seed(0)
+            prompt = torch.randint(0, meta.vocab_size, (args.prompt_len,), generator=g).tolist()
+        check_request(meta, prompt, args.new_tokens)
+        out, timings = generate(prog.load_method("forward"), prompt, args.new_tokens,
+                                progress=sys.stderr.isatty())
+    finally:
+        prog.destroy()
+    print(f"prompt: {len(prompt)} token(s): {', '.join(map(str, prompt))}")
+    print(f"generated: {len(out)} token(s): {', '.join(map(str, out))}")
+    if tokenizer is not None:
+        print(f"text: {tokenizer.decode(out)!r}")
+    print(timings.line())
     return 0
 
 

@@ -1,4 +1,5 @@
-"""linear_q4gsw on CPU: dequantize column tiles on the fly inside the thread pool.
+"""linear_q4gsw and linear_q4gsw_multi on CPU: dequantize column tiles on the fly inside the
+thread pool.
 
     out[m, n] = bias[n] + sum_k x[m, k] * (q[n, k] * scales[k / gs, n])
     q[n, k]   = ((packed[n, k/8] >> 4*(k%8)) & 0xF) - 8     (packed: int32 words of uint8 [N, K/2])
@@ -10,6 +11,12 @@ torch call re-takes the GIL, so many small tiles convoy on it (on 16 cores, K = 
 32 ms in 256 KiB tiles, 10 ms in 1 MiB tiles over 16 workers, 2.4 ms in 4 MiB tiles over 4).
 No dequantized copy of the whole weight ever exists; the resident weight stays packed
 (0.5 B/param + 4/gs B/param of scales).
+
+linear_q4gsw_multi (fused q/k/v or gate/up) holds its outputs' weights concatenated along N
+and makes one pass over them: one parallel_for over the tiles of every output, each tile's mm
+written straight into its own output. Tiles never straddle two outputs and each output is
+tiled as its own linear_q4gsw would be, so every torch call is the unfused one's: the outputs
+are bit-identical to the unfused linears.
 
 torch's packed int4 kernel (aten._weight_int4pack_mm_for_cpu, float32 activations) matches
 the numerics and was measured against this one (bench/q4gsw.py, K = N = 2048): on 2 cores it
@@ -37,9 +44,28 @@ def _per_worker(k: int, n: int) -> int:
     return t * k * 4 + t * (k // 2) + 64   # float32 tile + one nibble plane (uint8)
 
 
+def column_tiles(k: int, widths) -> list:
+    """[(output, first column in the weight, first column in the output, columns)]: each
+    output of width w in tiles of tile_n(k, w), as a linear_q4gsw of that width tiles it."""
+    tiles, start = [], 0
+    for i, w in enumerate(widths):
+        t = tile_n(k, w)
+        tiles += [(i, start + c, c, min(t, w - c)) for c in range(0, w, t)]
+        start += w
+    return tiles
+
+
+def _scratch(k: int, widths, workers: int) -> int:
+    per = max(_per_worker(k, w) for w in widths)
+    return min(workers, len(column_tiles(k, widths))) * ((per + 63) // 64 * 64)
+
+
 def scratch_nbytes(in_shapes, attrs, workers: int) -> int:
-    k, n = attrs["K"], attrs["N"]
-    return min(workers, -(-n // tile_n(k, n))) * ((_per_worker(k, n) + 63) // 64 * 64)
+    return _scratch(attrs["K"], [attrs["N"]], workers)
+
+
+def multi_scratch_nbytes(in_shapes, attrs, workers: int) -> int:
+    return _scratch(attrs["K"], attrs["widths"], workers)
 
 
 def dequantize_tile(packed_u8: torch.Tensor, scales: torch.Tensor, n0: int, n1: int,
@@ -59,25 +85,36 @@ def dequantize_tile(packed_u8: torch.Tensor, scales: torch.Tensor, n0: int, n1: 
     return w.view(t, k)
 
 
-@register_kernel("linear_q4gsw", scratch_nbytes=scratch_nbytes)
-def linear_q4gsw(ins, outs, attrs, scratch):
-    x, packed, scales = ins[0], ins[1], ins[2]
-    bias = ins[3] if len(ins) > 3 else None
-    k, n, gs = attrs["K"], attrs["N"], attrs["group_size"]
-    x2, out2 = x.reshape(-1, k), outs[0].view(-1, n)
-    packed_u8 = packed.view(torch.uint8).view(n, k // 2)
-    tile = tile_n(k, n)
-    tiles = -(-n // tile)
+def _dequant_gemm(x, packed, scales, bias, outs, k: int, gs: int, widths, scratch) -> None:
+    """outs[i][..., :] = x @ dequant(W_i)^T (+ bias), W the W_i concatenated along N."""
+    x2 = x.reshape(-1, k)
+    out2 = [o.view(-1, w) for o, w in zip(outs, widths)]
+    packed_u8 = packed.view(torch.uint8).view(-1, k // 2)
+    tiles = column_tiles(k, widths)
     pool = get_pool()
-    slices = worker_slices(scratch, min(pool.num_threads, tiles), _per_worker(k, n))
+    per = max(_per_worker(k, w) for w in widths)
+    slices = worker_slices(scratch, min(pool.num_threads, len(tiles)), per)
 
     def run(worker: int, t0: int, t1: int) -> None:
-        for t in range(t0, t1):
-            n0, n1 = t * tile, min(n, (t + 1) * tile)
-            w = dequantize_tile(packed_u8, scales, n0, n1, gs, slices[worker])
+        for i, n0, c0, cols in tiles[t0:t1]:
+            w = dequantize_tile(packed_u8, scales, n0, n0 + cols, gs, slices[worker])
+            y = out2[i][:, c0:c0 + cols]
             if bias is None:
-                torch.mm(x2, w.t(), out=out2[:, n0:n1])
+                torch.mm(x2, w.t(), out=y)
             else:
-                torch.addmm(bias[n0:n1], x2, w.t(), out=out2[:, n0:n1])
+                torch.addmm(bias[c0:c0 + cols], x2, w.t(), out=y)
 
-    pool.parallel_for(tiles, run)
+    pool.parallel_for(len(tiles), run)
+
+
+@register_kernel("linear_q4gsw", scratch_nbytes=scratch_nbytes)
+def linear_q4gsw(ins, outs, attrs, scratch):
+    bias = ins[3] if len(ins) > 3 else None
+    _dequant_gemm(ins[0], ins[1], ins[2], bias, outs, attrs["K"], attrs["group_size"],
+                  [attrs["N"]], scratch)
+
+
+@register_kernel("linear_q4gsw_multi", scratch_nbytes=multi_scratch_nbytes)
+def linear_q4gsw_multi(ins, outs, attrs, scratch):
+    _dequant_gemm(ins[0], ins[1], ins[2], None, outs, attrs["K"], attrs["group_size"],
+                  attrs["widths"], scratch)

@@ -1,4 +1,5 @@
-"""linear_q4gsw on WebGPU: three kernels, routed per shape binding by the live M.
+"""linear_q4gsw and linear_q4gsw_multi on WebGPU: three kernels, routed per shape binding by the
+live M, each with either of two epilogues.
 
     M == 1        q4gsw_coop_gemv.wgsl       64 lanes, 8 output columns per workgroup (decode);
                                              the lanes' sums meet by subgroupAdd when the device
@@ -10,16 +11,29 @@
 
 Both GEMMs can hold f16 tile values (f32 accumulation) on a device with shader-f16, or run all
 in f32 (the prelude picks tile_t). f32 tiles are the default: on the H200 they were faster at
-every bench/q4gsw.py shape (2048^3: 656 against 694 us) and they round nothing. Every dispatch
-is built once per load; `sizes` gives the ones that do not fit the live M a workgroup count of
-0, so the executor skips them.
+every bench/q4gsw.py shape (2048^3: 656 against 694 us) and they round nothing. Both GEMMs
+dequantize a weight before it meets x and sum each output as one FMA chain over k in order, so
+for the same tile_t they give the same bits: the router's choice of tile changes no value.
+Every dispatch is built once per load; `sizes` gives the ones that do not fit the live M a
+workgroup count of 0, so the executor skips them.
 Operands: x [..., K], packed int32 [N, K/8], scales float32 [K/gs, N padded to 4], bias [N] or
 absent, out [..., N]. K is a multiple of the group size (the op's check), so of 32.
+
+The kernels' stores go through store_output(), which the prelude supplies (one kernel body per
+kernel, whatever it writes):
+    q4gsw_epilogue_bias.wgsl   linear_q4gsw: out [..., N] (+ bias)
+    q4gsw_epilogue_split.wgsl  linear_q4gsw_multi (fused q/k/v, gate/up): the weight is the
+                               outputs' concatenated along N, column n goes to the output whose
+                               range holds it; outputs [..., N_i], no bias
+A fused op is routed as one linear of the total N; every column's value is the one its own
+linear_q4gsw would give (bit for bit), whichever kernel runs.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from delegate.errors import UnsupportedError
 from kernels_wgsl import Dispatch, groups, numel, register_wgsl, words
 
 GEMM, GEMM128, GEMV = "q4gsw_steel_gemm", "q4gsw_steel_gemm128", "q4gsw_coop_gemv"
@@ -36,6 +50,34 @@ TILE128_THREADS = 256
 PRELUDE = {True: "enable f16;\nalias tile_t = f16;", False: "alias tile_t = f32;"}
 _DIR = Path(__file__).parent
 GEMV_REDUCE = {True: "q4gsw_gemv_reduce_subgroup.wgsl", False: "q4gsw_gemv_reduce_workgroup.wgsl"}
+MAX_OUTPUTS = 3   # bindings 4..6 of the split epilogue: 6 storage buffers of the 8 allowed
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What a kernel's store_output() is: its WGSL, and its bindings 4.. as operands."""
+    wgsl: str
+    args: tuple            # operand per binding 1..: x, packed, scales, then the epilogue's
+    writes: tuple
+    constants: tuple
+
+
+def bias_epilogue(has_bias: bool) -> Epilogue:
+    """linear_q4gsw: operands x, packed, scales, bias (absent: a dummy), out."""
+    return Epilogue((_DIR / "q4gsw_epilogue_bias.wgsl").read_text(),
+                    (0, 1, 2, 3 if has_bias else None, 4), (4,), (("HAS_BIAS", int(has_bias)),))
+
+
+def split_epilogue(widths) -> Epilogue:
+    """linear_q4gsw_multi: operands x, packed, scales, then one output per width (a pair's
+    third binding is a dummy that nothing writes)."""
+    widths = [int(w) for w in widths]
+    if not 2 <= len(widths) <= MAX_OUTPUTS:
+        raise UnsupportedError(f"linear_q4gsw_multi outputs: expected 2 to {MAX_OUTPUTS}, "
+                               f"got {len(widths)}")
+    outs = tuple(3 + i if i < len(widths) else None for i in range(MAX_OUTPUTS))
+    return Epilogue((_DIR / "q4gsw_epilogue_split.wgsl").read_text(), (0, 1, 2) + outs, outs,
+                    (("N0", widths[0]), ("N1", widths[1])))
 
 
 def q4_params(m: int, attrs: dict, tile: int) -> bytes:
@@ -63,7 +105,7 @@ def _live_m(ins) -> int:
     return numel(ins[0][:-1])
 
 
-def steel_gemm(tile: int, f16: bool, n: int, args: tuple, constants: tuple, runs) -> Dispatch:
+def steel_gemm(tile: int, f16: bool, n: int, epi: Epilogue, runs) -> Dispatch:
     """The GEMM of `tile` (64 or 128), dispatched when runs(m, n) for the live M."""
     shader = GEMM if tile == TILE else GEMM128
 
@@ -71,33 +113,40 @@ def steel_gemm(tile: int, f16: bool, n: int, args: tuple, constants: tuple, runs
         m = _live_m(ins)
         return q4_params(m, attrs, tile), (groups(m, tile) * groups(n, tile) if runs(m, n) else 0)
 
-    return Dispatch(shader, shader, args, (4,), sizes, constants,
-                    label=shader + ("_f16" if f16 else "_f32"), prelude=PRELUDE[f16])
+    return Dispatch(shader, shader, epi.args, epi.writes, sizes, epi.constants,
+                    label=shader + ("_f16" if f16 else "_f32"),
+                    prelude=PRELUDE[f16] + "\n" + epi.wgsl)
 
 
-def coop_gemv(subgroups: bool, n: int, args: tuple, constants: tuple, runs) -> Dispatch:
+def coop_gemv(subgroups: bool, n: int, epi: Epilogue, runs) -> Dispatch:
     """The GEMV, its cross-lane sums by subgroupAdd or through workgroup memory."""
 
     def sizes(ins, outs, attrs):
         m = _live_m(ins)
         return q4_params(m, attrs, 1), (groups(n, GEMV_COLS) if runs(m, n) else 0)
 
-    return Dispatch(GEMV, GEMV, args, (4,), sizes, constants,
+    return Dispatch(GEMV, GEMV, epi.args, epi.writes, sizes, epi.constants,
                     label=GEMV + ("_subgroup" if subgroups else ""),
-                    prelude=(_DIR / GEMV_REDUCE[subgroups]).read_text())
+                    prelude=(_DIR / GEMV_REDUCE[subgroups]).read_text() + "\n" + epi.wgsl)
+
+
+def routed(n: int, epi: Epilogue, info) -> list:
+    """Every kernel one q4gsw op of N columns may run, each live only at the M it fits:
+    the GEMV at M == 1, else the 64x64 tile or, where it fits and pays, the 128x128 one."""
+    f16 = TILES_F16 and bool(info.gpu.has_f16)
+    gemv = coop_gemv(bool(info.gpu.has_subgroups), n, epi, lambda m, n: m == 1)
+    if not tile128_fits(info.gpu, f16):
+        return [steel_gemm(TILE, f16, n, epi, lambda m, n: m > 1), gemv]
+    small = steel_gemm(TILE, f16, n, epi, lambda m, n: m > 1 and not uses_tile128(m, n))
+    return [small, steel_gemm(TILE128, f16, n, epi, uses_tile128), gemv]
 
 
 @register_wgsl("linear_q4gsw")
 def linear_q4gsw(ins, outs, attrs, info):
     has_bias = len(ins) > 3 and ins[3] is not None
-    n = int(attrs["N"])
-    constants = (("HAS_BIAS", int(has_bias)),)
-    args = (0, 1, 2, 3 if has_bias else None, 4)
-    f16 = TILES_F16 and bool(info.gpu.has_f16)
-    subgroups = bool(info.gpu.has_subgroups)
-    gemv = coop_gemv(subgroups, n, args, constants, lambda m, n: m == 1)
-    if not tile128_fits(info.gpu, f16):
-        return [steel_gemm(TILE, f16, n, args, constants, lambda m, n: m > 1), gemv]
-    small = steel_gemm(TILE, f16, n, args, constants,
-                       lambda m, n: m > 1 and not uses_tile128(m, n))
-    return [small, steel_gemm(TILE128, f16, n, args, constants, uses_tile128), gemv]
+    return routed(int(attrs["N"]), bias_epilogue(has_bias), info)
+
+
+@register_wgsl("linear_q4gsw_multi")
+def linear_q4gsw_multi(ins, outs, attrs, info):
+    return routed(int(attrs["N"]), split_epilogue(attrs["widths"]), info)

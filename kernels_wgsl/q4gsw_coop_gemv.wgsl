@@ -1,5 +1,5 @@
 // linear_q4gsw decode (M == 1): cooperative GEMV over 4-bit group-symmetric weights.
-//   out[n] = bias[n] + sum_w scales[8w / gs, n] * dot(q[n, 8w .. 8w+7], x[8w .. 8w+7])
+//   out[n] = sum_w scales[8w / gs, n] * dot(q[n, 8w .. 8w+7], x[8w .. 8w+7])   (+ epilogue)
 // 64 lanes and 8 output columns per workgroup. Lane l takes words w = l, l + 64, ... of the 8
 // columns' rows (consecutive lanes read consecutive words), 4 words per column per loop step:
 // 32 independent u32 loads, 128 bytes, in flight per lane. A word's two activation vec4s and
@@ -14,9 +14,9 @@
 // columns): per nibble one and-or, one subtract and one FMA, all f32 and exact but for the
 // FMA's rounding.
 // The cross-lane sums and the entry point come from the prelude (q4gsw_gemv_reduce_*.wgsl):
-// subgroupAdd where the device has subgroups, else workgroup memory.
-
-override HAS_BIAS: bool = false;
+// subgroupAdd where the device has subgroups, else workgroup memory. So does store_output(),
+// the epilogue (q4gsw_epilogue_*.wgsl). A column's sum depends on nothing but its own row:
+// where it sits among the 8 (a fused op's wider N moves it) changes no output bit.
 
 struct Q4Params {
     m: u32, n: u32, k: u32, group_size: u32,
@@ -27,8 +27,6 @@ struct Q4Params {
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> packed: array<u32>;
 @group(0) @binding(3) var<storage, read> scales: array<vec4<f32>>;   // N padded to 4
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const LANES: u32 = 64u;
 const COLS: u32 = 8u;
@@ -96,14 +94,9 @@ fn lane_partials(n0: u32, lane: u32) -> Cols8 {
     return acc;
 }
 
-// out[n0 + j] = the column's total (+ bias), for columns below N
+// column n0 + j of the one row, if below N
 fn store_column(n0: u32, j: u32, total: f32) {
-    let n = n0 + j;
-    if (n < p.n) {
-        var y = total;
-        if (HAS_BIAS) {
-            y = y + bias[n];
-        }
-        out[n] = y;
+    if (n0 + j < p.n) {
+        store_output(0u, n0 + j, total);
     }
 }

@@ -1,16 +1,15 @@
-// tile_t is f16 where the device has shader-f16, else f32: the dispatch's prelude declares
-// it (kernels_wgsl/q4gsw.py), so both variants are this one file.
+// tile_t is f16 where the device has shader-f16, else f32, and store_output() is the epilogue:
+// the dispatch's prelude declares both (kernels_wgsl/q4gsw.py), so every variant is this file.
 
 // linear_q4gsw prefill (M > 1): "steel" tiled GEMM over 4-bit group-symmetric weights.
-//   out[m, n] = bias[n] + sum_g scales[g, n] * sum_{k in group g} x[m, k] * q[n, k]
+//   out[m, n] = sum_k x[m, k] * w[n, k],   w[n, k] = scales[k / gs, n] * q[n, k]   (+ epilogue)
 //   q[n, k]   = ((packed[n * K/8 + k/8] >> 4*(k%8)) & 0xF) - 8
 // 16x16 workgroup, 64x64 output tile, BK = 16, a 4x4 block per thread. Per K-step every
 // thread makes one vec4<f32> activation load (x bound as array<vec4<f32>>, K % 4 == 0) and
-// unpacks 4 nibbles of one u32 weight word; tiles hold tile_t. x * q multiplies in tile_t
-// (q is a small integer, exact in f16), sums in f32 over the group, and the group's scale is
-// applied once at its end (BK divides every supported group size: no K-step straddles one).
-
-override HAS_BIAS: bool = false;
+// unpacks 4 nibbles of one u32 weight word, which it dequantizes with its column's group
+// scale; tiles hold tile_t. Each output is one f32 FMA chain over k = 0, 1, .., K-1 of
+// x * w, exactly as in q4gsw_steel_gemm128.wgsl: the two tiles round alike, so the router's
+// choice between them (or a fused op's wider N) changes no output bit.
 
 struct Q4Params {
     m: u32, n: u32, k: u32, group_size: u32,
@@ -21,15 +20,13 @@ struct Q4Params {
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> packed: array<u32>;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const TILE: u32 = 64u;
 const BK: u32 = 16u;
 // Tiles as [BK][16] vec4s: element (k, t) holds rows (or columns) t, t+16, t+32, t+48, the
 // four a thread owns, so the inner loop reads one vec4 of each per k.
 var<workgroup> x_tile: array<vec4<tile_t>, 256>;   // x_tile[k * 16 + m % 16][m / 16]
-var<workgroup> q_tile: array<vec4<tile_t>, 256>;   // q_tile[k * 16 + n % 16][n / 16]
+var<workgroup> w_tile: array<vec4<tile_t>, 256>;   // w_tile[k * 16 + n % 16][n / 16]
 
 fn load_tiles(m0: u32, n0: u32, k0: u32, lid: u32) {
     // activations: thread -> row lid/4, 4 consecutive k (one vec4<f32> load)
@@ -48,29 +45,20 @@ fn load_tiles(m0: u32, n0: u32, k0: u32, lid: u32) {
     // weights: thread -> column lid/4, 4 nibbles (one half of one u32 word)
     let c = lid / 4u;
     let part = lid % 4u;
-    var word = 0x88888888u;   // q = 0 beyond the last column
-    if (n0 + c < p.n) {
-        word = packed[(n0 + c) * p.k_words + k0 / 8u + part / 2u];
-    }
+    // past the last column: any valid word, scale 0
+    let n = min(n0 + c, p.n - 1u);
+    let word = packed[n * p.k_words + k0 / 8u + part / 2u];
+    let scale = select(0.0, scales[(k0 / p.group_size) * p.n_pad + n], n0 + c < p.n);
     let q = vec4<f32>((vec4<u32>(word >> ((part % 2u) * 16u)) >> vec4<u32>(0u, 4u, 8u, 12u))
                       & vec4<u32>(0xFu)) - 8.0;
+    let w = q * scale;
     let kw = (part / 2u) * 8u + (part % 2u) * 4u;
     let ct = c % 16u;
     let cj = c / 16u;
-    q_tile[kw * 16u + ct][cj] = tile_t(q.x);
-    q_tile[(kw + 1u) * 16u + ct][cj] = tile_t(q.y);
-    q_tile[(kw + 2u) * 16u + ct][cj] = tile_t(q.z);
-    q_tile[(kw + 3u) * 16u + ct][cj] = tile_t(q.w);
-}
-
-fn column_scales(g: u32, n0: u32, tx: u32) -> vec4<f32> {
-    let n = vec4<u32>(n0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
-    let base = g * p.n_pad;
-    // pad columns (n < n_pad) hold 0; beyond n_pad read column 0 and select 0
-    let ok = n < vec4<u32>(p.n);
-    let s = vec4<f32>(scales[base + select(0u, n.x, ok.x)], scales[base + select(0u, n.y, ok.y)],
-                      scales[base + select(0u, n.z, ok.z)], scales[base + select(0u, n.w, ok.w)]);
-    return select(vec4<f32>(0.0), s, ok);
+    w_tile[kw * 16u + ct][cj] = tile_t(w.x);
+    w_tile[(kw + 1u) * 16u + ct][cj] = tile_t(w.y);
+    w_tile[(kw + 2u) * 16u + ct][cj] = tile_t(w.z);
+    w_tile[(kw + 3u) * 16u + ct][cj] = tile_t(w.w);
 }
 
 fn store_row(gm: u32, n0: u32, tx: u32, r: vec4<f32>) {
@@ -80,11 +68,7 @@ fn store_row(gm: u32, n0: u32, tx: u32, r: vec4<f32>) {
     for (var j = 0u; j < 4u; j = j + 1u) {
         let gn = n0 + tx + 16u * j;
         if (gn < p.n) {
-            var v = r[j];
-            if (HAS_BIAS) {
-                v = v + bias[gn];
-            }
-            out[gm * p.n + gn] = v;
+            store_output(gm, gn, r[j]);
         }
     }
 }
@@ -108,31 +92,17 @@ fn q4gsw_steel_gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    var grp0 = vec4<f32>(0.0);   // the same block, unscaled, over the current group
-    var grp1 = vec4<f32>(0.0);
-    var grp2 = vec4<f32>(0.0);
-    var grp3 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < p.k; k0 = k0 + BK) {
         load_tiles(m0, n0, k0, lid);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
-            let qv = q_tile[kk * 16u + tx];
-            let xv = x_tile[kk * 16u + ty];
-            grp0 = grp0 + vec4<f32>(xv.x * qv);
-            grp1 = grp1 + vec4<f32>(xv.y * qv);
-            grp2 = grp2 + vec4<f32>(xv.z * qv);
-            grp3 = grp3 + vec4<f32>(xv.w * qv);
-        }
-        if ((k0 + BK) % p.group_size == 0u) {
-            let s = column_scales(k0 / p.group_size, n0, tx);
-            acc0 = fma(grp0, s, acc0);
-            acc1 = fma(grp1, s, acc1);
-            acc2 = fma(grp2, s, acc2);
-            acc3 = fma(grp3, s, acc3);
-            grp0 = vec4<f32>(0.0);
-            grp1 = vec4<f32>(0.0);
-            grp2 = vec4<f32>(0.0);
-            grp3 = vec4<f32>(0.0);
+            // f16 tiles are widened first: the product of two f16 values is exact in f32
+            let wv = vec4<f32>(w_tile[kk * 16u + tx]);
+            let xv = vec4<f32>(x_tile[kk * 16u + ty]);
+            acc0 = fma(vec4<f32>(xv.x), wv, acc0);
+            acc1 = fma(vec4<f32>(xv.y), wv, acc1);
+            acc2 = fma(vec4<f32>(xv.z), wv, acc2);
+            acc3 = fma(vec4<f32>(xv.w), wv, acc3);
         }
         workgroupBarrier();
     }

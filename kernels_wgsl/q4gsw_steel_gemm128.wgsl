@@ -1,9 +1,9 @@
-// tile_t is f16 where the device has shader-f16, else f32: the dispatch's prelude declares
-// it (kernels_wgsl/q4gsw.py), so both variants are this one file.
+// tile_t is f16 where the device has shader-f16, else f32, and store_output() is the epilogue:
+// the dispatch's prelude declares both (kernels_wgsl/q4gsw.py), so every variant is this file.
 
 // linear_q4gsw prefill, larger M: a 128x128 output tile per workgroup of 256 threads, 8x8
 // outputs per thread.
-//   out[m, n] = bias[n] + sum_k x[m, k] * w[n, k],   w[n, k] = scales[k / gs, n] * q[n, k]
+//   out[m, n] = sum_k x[m, k] * w[n, k],   w[n, k] = scales[k / gs, n] * q[n, k]   (+ epilogue)
 //   q[n, k]   = ((packed[n * K/8 + k/8] >> 4*(k%8)) & 0xF) - 8
 // K-steps of BK = 8, one u32 weight word per column per step. Per step each thread loads one
 // vec4<f32> of x (row lid/2, k half lid%2) and one weight word (column lid/2), and dequantizes
@@ -19,11 +19,11 @@
 // f16 values is exact in f32, so that is the f16 multiply with f32 accumulation.
 // Workgroup memory: 2 stages x 2 tiles x 8 x 128 x sizeof(tile_t) = 16 KiB (f32), 8 KiB (f16).
 //
+// Each output is one f32 FMA chain over k = 0, 1, .., K-1 of x * w, as in the 64x64 tile
+// (q4gsw_steel_gemm.wgsl): the router's choice of tile changes no output bit.
 // steel_tile() is the whole K loop for one tile and returns the 8x8 block per thread; the
-// entry point only adds the epilogue, so a multi-output GEMM (fused QKV) can reuse the loop
-// with its own stores.
-
-override HAS_BIAS: bool = false;
+// entry point only adds the stores, through the prelude's store_output() (one output and a
+// bias, or the fused multi-output scatter).
 
 struct Q4Params {
     m: u32, n: u32, k: u32, group_size: u32,
@@ -34,8 +34,6 @@ struct Q4Params {
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> packed: array<u32>;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const BM: u32 = 128u;
 const BN: u32 = 128u;
@@ -156,15 +154,11 @@ fn steel_tile(m0: u32, n0: u32, lid: u32) -> Tile8x8 {
     return acc;
 }
 
-// out[m, n .. n+3] = v (+ bias), the columns below N
+// columns n .. n+3 of row m, those below N
 fn store4(m: u32, n: u32, v: vec4<f32>) {
     for (var j = 0u; j < 4u; j = j + 1u) {
         if (n + j < p.n) {
-            var y = v[j];
-            if (HAS_BIAS) {
-                y = y + bias[n + j];
-            }
-            out[m * p.n + n + j] = y;
+            store_output(m, n + j, v[j]);
         }
     }
 }

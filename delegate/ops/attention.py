@@ -46,7 +46,12 @@ def _infer_sdpa(in_shapes, attrs):
 
 
 def _lower_sdpa(ctx, node):
-    ins = [ctx.tensor(a) for a in node.args[:3]]
+    k, v, gqa = node.args[1], node.args[2], bool(arg(node, 7, "enable_gqa", False))
+    bases = _repeated_heads(k), _repeated_heads(v)
+    if all(b is not None for b in bases) and bases[0][1] == bases[1][1]:
+        (k, _), (v, _) = bases   # the kernel's GQA reads kv head h // rep: no copies
+        gqa = True
+    ins = [ctx.tensor(node.args[0]), ctx.tensor(k), ctx.tensor(v)]
     mask = arg(node, 3, "attn_mask")
     causal, kv_len, offset = bool(arg(node, 5, "is_causal", False)), None, 0
     window = _cache_window(node, mask)
@@ -56,8 +61,35 @@ def _lower_sdpa(ctx, node):
     scale = arg(node, 6, "scale")
     ctx.emit("sdpa", ins, [ctx.output(node)], is_causal=causal,
              scale=None if scale is None else float(scale),
-             enable_gqa=bool(arg(node, 7, "enable_gqa", False)), kv_len=kv_len,
+             enable_gqa=gqa, kv_len=kv_len,
              causal_offset=offset)
+
+
+def _repeated_heads(x):
+    """(base, rep) when x [B, H*rep, S, D] is base [B, H, S, D] with each head repeated rep
+    times in place (repeat_interleave(dim=1), as ExecuTorch's Llama and HF's repeat_kv build
+    it: view(clone(expand(unsqueeze(base, 2), [B, H, rep, S, D])))), else None."""
+    from delegate.ops.export import target_name
+
+    def producer(n, *names):
+        ok = getattr(n, "op", None) == "call_function" and target_name(n.target) in names
+        return n.args[0] if ok and len(n.users) == 1 else None
+
+    expanded = producer(producer(x, "aten.view_copy.default", "aten._unsafe_view.default"),
+                        "aten.clone.default", "dim_order_ops._clone_dim_order.default")
+    base = producer(expanded, "aten.expand_copy.default")
+    base = producer(base, "aten.unsqueeze_copy.default")
+    if base is None or _arg_int(expanded.args[0], 1) != 2:   # unsqueeze(base, 2)
+        return None
+    b, e = base.meta["val"].shape, expanded.meta["val"].shape
+    if len(b) != 4 or len(e) != 5 or [str(d) for d in e[:2]] != [str(b[0]), str(b[1])] or \
+            [str(d) for d in e[3:]] != [str(d) for d in b[2:]] or not isinstance(e[2], int):
+        return None
+    return base, int(e[2])
+
+
+def _arg_int(node, i):
+    return node.args[i] if len(node.args) > i else None
 
 
 def _cache_window(node, mask):

@@ -16,6 +16,11 @@ pair lowers to one IR node whose weights stay packed, in ExecuTorch's q4gsw layo
 
 0.5 bytes per parameter for the nibbles plus 4/gs for the scales. Kernels:
 kernels_cpu/q4gsw.py and kernels_wgsl/q4gsw.py.
+
+linear_q4gsw_multi is several bias-free linear_q4gsw of one x, equal K and group size, as one
+op (emitted by delegate/passes/fuse_linear.py: q/k/v of an attention, gate/up of an MLP). Its
+weight is theirs concatenated along N (packed rows; scales columns, padded to 4 once, at the
+end) and it writes one output per linear, [..., N_i], each the value that linear would give.
 """
 from __future__ import annotations
 
@@ -142,14 +147,37 @@ def _match_linear(node) -> Optional[str]:
 
 
 # ---- lowering and shapes -------------------------------------------------------------------
-def _lower_linear(ctx, node) -> None:
-    qnode, block, snode, _ = _q4_args(node.args[1])
+def q4gsw_weight(linear) -> tuple:
+    """(qdata int8 [N, K], scale [N, K/gs], gs) of a linear the linear_q4gsw pattern matches."""
+    qnode, block, snode, _ = _q4_args(linear.args[1])
     qdata = constant_value(qnode)
+    return qdata, constant_value(snode).reshape(qdata.shape[0], -1), int(block[1])
+
+
+def linear_bias(linear):
+    return _arg(linear, 2, "bias")
+
+
+def _lower_linear(ctx, node) -> None:
+    qdata, scale, gs = q4gsw_weight(node)
     n, k = qdata.shape
-    packed, scales = pack_q4gsw(qdata, constant_value(snode), block[1])
+    packed, scales = pack_q4gsw(qdata, scale, gs)
     ins = [ctx.tensor(node.args[0]), ctx.constant(packed), ctx.constant(scales),
-           ctx.optional_tensor(_arg(node, 2, "bias"))]
-    ctx.emit("linear_q4gsw", ins, [ctx.output(node)], group_size=int(block[1]), K=int(k), N=int(n))
+           ctx.optional_tensor(linear_bias(node))]
+    ctx.emit("linear_q4gsw", ins, [ctx.output(node)], group_size=gs, K=int(k), N=int(n))
+
+
+def lower_linear_multi(ctx, linears) -> None:
+    """One linear_q4gsw_multi for `linears` (the fx linears a pass grouped, in graph order:
+    one x, equal K and group size, no bias), lowered where the first of them stands."""
+    weights = [q4gsw_weight(linear) for linear in linears]
+    gs, k = weights[0][2], int(weights[0][0].shape[1])
+    widths = [int(q.shape[0]) for q, _, _ in weights]
+    packed, scales = pack_q4gsw(torch.cat([q for q, _, _ in weights]),
+                                torch.cat([s for _, s, _ in weights]), gs)
+    ins = [ctx.tensor(linears[0].args[0]), ctx.constant(packed), ctx.constant(scales)]
+    ctx.emit("linear_q4gsw_multi", ins, [ctx.output(linear) for linear in linears],
+             group_size=gs, K=k, N=sum(widths), widths=widths)
 
 
 def _lower_nothing(ctx, node) -> None:
@@ -170,6 +198,20 @@ def _infer_linear(in_shapes, attrs):
     return [tuple(x[:-1]) + (n,)]
 
 
+def _infer_multi(in_shapes, attrs):
+    x, packed, scales = in_shapes
+    k, n, gs, widths = attrs["K"], attrs["N"], attrs["group_size"], attrs["widths"]
+    expect(sum(widths) == n and all(w > 0 for w in widths), DelegateError,
+           "linear_q4gsw_multi widths", f"positive, summing to N = {n}", widths)
+    expect(x is not None and len(x) >= 1 and x[-1] == k, DelegateError,
+           "linear_q4gsw_multi input", f"[..., {k}]", x)
+    expect(tuple(packed) == (n, k // 8), DelegateError, "linear_q4gsw_multi packed weight",
+           (n, k // 8), tuple(packed))
+    expect(tuple(scales) == (k // gs, -(-n // 4) * 4), DelegateError,
+           "linear_q4gsw_multi scales", (k // gs, -(-n // 4) * 4), tuple(scales))
+    return [tuple(x[:-1]) + (w,) for w in widths]
+
+
 def _infer_dequantize(in_shapes, attrs):
     return [tuple(in_shapes[0])]
 
@@ -177,6 +219,11 @@ def _infer_dequantize(in_shapes, attrs):
 register_op("linear_q4gsw", (), _infer_linear, _lower_linear,
             doc="x @ dequant(W)^T + b; W packed 4-bit [N, K/2], fp32 scales per group of K",
             attrs={"group_size": "int", "K": "int", "N": "int"}, arity=(4, 1))
+register_op("linear_q4gsw_multi", (), _infer_multi, lower_linear_multi,
+            doc="x @ dequant(W_i)^T for 2 or 3 bias-free q4gsw linears of one x, their weights "
+                "concatenated along N, one output each (fused q/k/v, gate/up)",
+            attrs={"group_size": "int", "K": "int", "N": "int", "widths": "ints"},
+            arity=(3, (2, 3)))
 register_op("dequantize_affine_q4", (DEQUANTIZE,), _infer_dequantize, _lower_nothing,
             check=_check_dequantize, folded=True, attrs={}, arity=(0, 0),
             doc="torchao int4 per-group dequantize; folded into the linear_q4gsw that reads it")
