@@ -43,13 +43,18 @@ class SdpaCase:
     d: int
     causal: bool
     split: bool = True    # bind scratch: flash-decoding splits where the builder routes them
+    kv_len: int | None = None   # a KV cache filled to kv_len of its s rows (decode at kv_len - 1)
+
+    @property
+    def keys(self) -> int:
+        return self.s if self.kv_len is None else self.kv_len
 
     def flops(self) -> float:
-        pairs = self.l * self.s / 2 if self.causal else self.l * self.s
+        pairs = self.l * self.keys / 2 if self.causal else self.l * self.keys
         return 4.0 * self.hq * pairs * self.d
 
     def kv_bytes(self) -> int:
-        return 2 * self.hkv * self.s * self.d * 4
+        return 2 * self.hkv * self.keys * self.d * 4
 
 
 CASES = [
@@ -57,6 +62,8 @@ CASES = [
     SdpaCase("prefill causal T=512 32/8 heads d=64", 32, 8, 512, 512, 64, True),
     SdpaCase("decode S=2048 32/8 heads d=64 split", 32, 8, 1, 2048, 64, False),
     SdpaCase("decode S=2048 32/8 heads d=64 one pass", 32, 8, 1, 2048, 64, False, split=False),
+    SdpaCase("decode cache 129 of 2048 32/8 d=64", 32, 8, 1, 2048, 64, False, kv_len=129),
+    SdpaCase("decode cache 2048 of 2048 32/8 d=64", 32, 8, 1, 2048, 64, False, kv_len=2048),
 ]
 
 
@@ -72,6 +79,8 @@ def time_ours(gpu: Gpu, c: SdpaCase, reps: int) -> tuple:
 
     q, k, v = sdpa_inputs(c)
     attrs = {"is_causal": c.causal, "scale": None, "enable_gqa": c.hkv != c.hq}
+    if c.kv_len is not None:   # a cache: the query row sits at kv_len - 1, every key visible
+        attrs.update(is_causal=True, kv_len=c.kv_len, causal_offset=c.kv_len - c.l)
     ins, outs = [tuple(q.shape), tuple(k.shape), tuple(v.shape), None], [tuple(q.shape)]
     info = kernels_wgsl.BuildInfo(gpu.dev, (torch.float32,) * 3 + (None,), scratch=c.split)
     specs = kernels_wgsl.get_kernel("sdpa").build(ins, outs, attrs, info)
@@ -96,7 +105,9 @@ def time_ours(gpu: Gpu, c: SdpaCase, reps: int) -> tuple:
     _, wall_ms = timed(lambda: gpu._submit(encode, reps, None, False), 3)
     t_wall = wall_ms * 1e-3 / reps
     got = torch.frombuffer(bytearray(gpu.device.queue.read_buffer(out)), dtype=torch.float32)
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=c.causal, enable_gqa=c.hkv != c.hq)
+    n = c.keys
+    want = F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], is_causal=c.causal,
+                                          enable_gqa=c.hkv != c.hq)
     err = (got.view_as(want) - want).abs().max().item()
     if not err <= 1e-3:
         raise SystemExit(f"{c.name}: expected torch's SDPA within 1e-3, got max error {err}")
@@ -111,6 +122,7 @@ def time_torch_cuda(c: SdpaCase, dtype, reps: int) -> float | None:
     if not torch.cuda.is_available():
         return None
     q, k, v = (t.to("cuda", dtype) for t in sdpa_inputs(c))
+    k, v = k[:, :, :c.keys], v[:, :, :c.keys]
 
     def run():
         return F.scaled_dot_product_attention(q, k, v, is_causal=c.causal, enable_gqa=c.hkv != c.hq)

@@ -163,7 +163,8 @@ def main() -> None:
     a = p.parse_args()
     prefills = [int(t) for t in a.prefill.split(",") if t]
     contexts = [int(c) for c in a.contexts.split(",") if c]
-    contexts = [c for c in contexts if c + a.steps <= a.max_seq]
+    # a context at the cache's end decodes its steps just below it (ExecuTorch checks pos < max)
+    contexts = [min(c, a.max_seq - a.steps - 1) for c in contexts]
     t0 = time.perf_counter()
     VOCAB[0] = llm.MODELS[a.model].args["vocab_size"]
     if a.load:

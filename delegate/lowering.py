@@ -212,7 +212,7 @@ def upper_bounds(ep) -> dict:
     for sym, vr in ep.range_constraints.items():
         try:
             out[str(sym)] = int(vr.upper)
-        except (TypeError, ValueError, OverflowError):
+        except (TypeError, ValueError, OverflowError, AttributeError):   # sympy's oo, int_oo
             out[str(sym)] = math.inf
     return out
 

@@ -34,12 +34,26 @@ def _logits(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def _lowered(device, quantize=False, **overrides):
+def custom_ops(model):
+    """ExecuTorch's custom-op graph form: llama.update_cache and llama.custom_sdpa
+    (examples/models/llama/source_transformation)."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers the ops)
+    from executorch.examples.models.llama.source_transformation.custom_kv_cache import (
+        replace_kv_cache_with_custom_kv_cache)
+    from executorch.examples.models.llama.source_transformation.sdpa import (
+        replace_sdpa_with_custom_op)
+
+    return replace_sdpa_with_custom_op(replace_kv_cache_with_custom_kv_cache(model))
+
+
+def _lowered(device, quantize=False, form="plain", **overrides):
     """(eager model, loaded program, program manager) of one tiny Llama; eager is a twin
     holding the same weights (and, quantised, torchao's own int4 linears)."""
     model, eager = tiny_llama(**overrides), tiny_llama(**overrides)
     if quantize:
         model, eager = int4_g32(model), int4_g32(eager)
+    if form == "custom":
+        model, eager = custom_ops(model), custom_ops(eager)
     seq = torch.export.Dim("T", min=1, max=16)
     example = (torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])})
     pm = lower(model, example, dynamic_shapes=({1: seq}, {"input_pos": None}), device=device)
@@ -52,40 +66,25 @@ def _steps(prefill: int, decode: int = 8) -> list:
         [torch.randint(0, VOCAB, (1, 1)) for _ in range(decode)]
 
 
-@pytest.mark.parametrize("prefill", [1, 7, 16])
+@pytest.mark.parametrize("quantize", [False, True], ids=["fp32", "int4-g32"])
+@pytest.mark.parametrize("form", ["plain", "custom"])
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
-def test_tiny_et_llama_runs_in_one_delegate_and_matches_eager(device, prefill):
-    eager, prog, pm = _lowered(device)
+def test_tiny_et_llama_runs_in_one_delegate_and_matches_eager(device, form, quantize):
+    eager, prog, pm = _lowered(device, quantize, form)
     try:
         assert undelegated_ops(pm) == []   # the caches' writes, the mask, the positions too
         m = prog.load_method("forward")
-        assert len(m.delegates) == 1
-        pos = 0
-        for tokens in _steps(prefill):   # a prefill, then 8 decode steps on the same cache
-            at = torch.tensor([pos])
-            want = _logits(eager(tokens, {"input_pos": at}))
-            got = _logits(m.execute([tokens, at]))
-            torch.testing.assert_close(got, want, **tol("model", device))
-            pos += tokens.shape[1]
-    finally:
-        prog.destroy()
-
-
-@pytest.mark.parametrize("device", ["cpu", "webgpu"])
-def test_tiny_et_llama_int4_g32_matches_torchao_eager(device):
-    eager, prog, pm = _lowered(device, quantize=True)
-    try:
-        assert undelegated_ops(pm) == []
-        m = prog.load_method("forward")
         (backend, handle), = m.delegates
-        assert "linear_q4gsw" in backend.describe(handle)["ops"]
-        pos = 0
-        for tokens in _steps(7):
-            at = torch.tensor([pos])
-            want = _logits(eager(tokens, {"input_pos": at}))
-            torch.testing.assert_close(_logits(m.execute([tokens, at])), want,
-                                       **tol("model", device))
-            pos += tokens.shape[1]
+        if quantize:
+            assert "linear_q4gsw" in " ".join(backend.describe(handle)["ops"])
+        for prefill in (1, 7, 16):   # each a new sequence from position 0 on the same caches
+            pos = 0
+            for tokens in _steps(prefill):   # a prefill, then 8 decode steps
+                at = torch.tensor([pos])
+                want = _logits(eager(tokens, {"input_pos": at}))
+                got = _logits(m.execute([tokens, at]))
+                torch.testing.assert_close(got, want, **tol("model", device))
+                pos += tokens.shape[1]
     finally:
         prog.destroy()
 

@@ -16,6 +16,7 @@ import torch
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
+from delegate.ops.export import register_pattern
 from delegate.ops._common import arg, broadcast, claiming_device, one_input
 
 _MASK_DTYPES = (torch.bool, torch.float32)
@@ -145,3 +146,60 @@ register_op("sdpa", ("aten.scaled_dot_product_attention.default",), _infer_sdpa,
             doc="softmax(q k^T * scale + mask) v; causal, masks, GQA; no dropout",
             attrs={"is_causal": "bool", "scale": "float?", "enable_gqa": "bool",
                    "kv_len": "symint?", "causal_offset": "symint"}, arity=(4, 1))
+
+
+# ExecuTorch's llama.custom_sdpa (source_transformation/sdpa.py): q [B, L, Hq, D] at positions
+# start_pos.., k / v the whole cache [B, S_max, Hkv, D]; keys past start_pos + L are not yet
+# written, and row i sees keys j <= start_pos + i. Lowered to sdpa over [B, H, S, D] with
+# kv_len = start_pos + L and causal_offset = start_pos; a permute feeding it that only undoes
+# the model's own transpose is skipped.
+_CUSTOM_SDPA = "llama.custom_sdpa.default"
+
+
+def _match_custom_sdpa(node):
+    from delegate import host_values
+
+    q, k, v = (a.meta["val"] for a in node.args[:3])
+    if any(t.dtype != torch.float32 or t.dim() != 4 for t in (q, k, v)):
+        return "q, k, v: expected 4-D float32 [B, S, H, D]"
+    if host_values.expr_of(node.args[3]) is None:
+        return "start_pos: expected a host-known position"
+    if arg(node, 4, "attn_mask") is not None or arg(node, 5, "drpout_p", 0.0) != 0.0 or \
+            not arg(node, 6, "is_causal", False):
+        return "expected the causal form without mask or dropout"
+    if q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]:
+        return f"heads {q.shape[2]} / {k.shape[2]}: expected kv heads dividing query heads"
+    return _webgpu_head_dims(node) if claiming_device() == "webgpu" else None
+
+
+def _heads_major(ctx, x):
+    """x [B, S, H, D] as [B, H, S, D]: the permute's input when x is itself that permute."""
+    from delegate.ops.export import target_name
+
+    if getattr(x, "op", None) == "call_function" and \
+            target_name(x.target) == "aten.permute_copy.default" and list(x.args[1]) == [0, 2, 1, 3]:
+        return ctx.tensor(x.args[0])
+    val = x.meta["val"]
+    out = ctx.new_value(val.dtype, ctx.dims([val.shape[0], val.shape[2], val.shape[1], val.shape[3]]))
+    ctx.emit("permute", [ctx.tensor(x)], [out], dims=[0, 2, 1, 3])
+    return out
+
+
+def _lower_custom_sdpa(ctx, node):
+    from delegate import host_values
+
+    q, k, v = (_heads_major(ctx, a) for a in node.args[:3])
+    start = host_values.expr_of(node.args[3])
+    rows = host_values.expr_of(node.args[0].meta["val"].shape[1])
+    val = node.meta["val"]
+    heads = ctx.new_value(val.dtype, ctx.dims([val.shape[0], val.shape[2], val.shape[1],
+                                               val.shape[3]]))
+    scale = arg(node, 7, "scale")
+    ctx.emit("sdpa", [q, k, v, -1], [heads], is_causal=True,
+             scale=None if scale is None else float(scale), enable_gqa=True,
+             kv_len=host_values.plus(start, rows), causal_offset=start)
+    ctx.emit("permute", [heads], [ctx.output(node)], dims=[0, 2, 1, 3])
+
+
+register_pattern("sdpa", _CUSTOM_SDPA, _match_custom_sdpa, _lower_custom_sdpa,
+                 doc="llama.custom_sdpa over a [B, S, H, D] cache")

@@ -11,7 +11,7 @@ import torch
 from delegate import host_values
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops.export import constant_value, target_name
+from delegate.ops.export import constant_value, register_pattern, target_name
 from delegate.shape_math import slice_bounds
 from delegate.ops._common import (arg, contiguous_inputs, float_inputs, norm_dim, numel,
                                   one_input, tensor_args)
@@ -361,3 +361,46 @@ register_op("slice_scatter", ("aten.index_put.default", "aten.index_copy.default
 register_op("slice_scatter_", (), _infer_slice_scatter, _lower_slice_scatter, dtypes=_FOUR_BYTE,
             doc="slice_scatter into dst's own buffer (emitted where nothing reads dst later)",
             attrs={"dim": "int", "start": "symint"}, arity=(2, 1), in_place=True)
+
+
+# ExecuTorch's custom KV cache (source_transformation/custom_kv_cache.py) writes through
+# llama.update_cache(value [B, S, H, D], cache [B, S_max, H, D], start_pos), a mutating op that
+# export wraps in auto_functionalized_v2; element 1 of its result is the updated cache.
+_UPDATE_CACHE = "llama.update_cache.default"
+
+
+def _update_cache_args(node):
+    """(value, cache, start expr) of an auto_functionalized_v2 over llama.update_cache."""
+    op = node.args[0] if node.args else None
+    bases = node.kwargs.get("_all_bases") or []
+    if target_name(op) != _UPDATE_CACHE or len(bases) != 1 or \
+            node.kwargs.get("_cache_base_index") != 0:
+        return None
+    start = host_values.expr_of(node.kwargs.get("start_pos"))
+    value = node.kwargs.get("value")
+    return None if start is None or value is None else (value, bases[0], start)
+
+
+def _match_update_cache(node):
+    found = _update_cache_args(node)
+    if found is None:
+        return "expected llama.update_cache(value, cache, start_pos) at a host-known position"
+    value, cache = (x.meta["val"] for x in found[:2])
+    if value.dtype != torch.float32 or cache.dtype != torch.float32 or value.dim() != 4 or \
+            cache.dim() != 4 or [str(d) for i, d in enumerate(value.shape) if i != 1] != \
+            [str(d) for i, d in enumerate(cache.shape) if i != 1]:
+        return (f"value {tuple(value.shape)} / cache {tuple(cache.shape)}: expected float32 "
+                "[B, S, H, D] into [B, S_max, H, D]")
+    return None
+
+
+def _lower_update_cache(ctx, node):
+    value, cache, start = _update_cache_args(node)
+    _, new = ctx.outputs(node)   # (update_cache's own dummy result, the updated cache)
+    dst = ctx.tensor(cache)
+    ctx.emit("slice_scatter_" if ctx.writable(dst) else "slice_scatter", [dst, ctx.tensor(value)],
+             [new], dim=1, start=start)
+
+
+register_pattern("slice_scatter", "auto_functionalized_v2", _match_update_cache,
+                 _lower_update_cache, doc="llama.update_cache: rows [start, start + S) of dim 1")

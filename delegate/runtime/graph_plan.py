@@ -88,6 +88,7 @@ class GraphPlan:
         self._binding_checks = [c for c, syms in checks if not syms & offsets]
         self._offset_checks = [c for c, syms in checks if syms & offsets]
         self.per_execute = bool(self.dynamic_steps or self._offset_checks)
+        self._offset_steps = set(self.dynamic_steps)
         self._tensor_inputs = [(i, graph.values[vid]) for i, vid in enumerate(graph.inputs)
                                if isinstance(graph.values[vid], TensorValue)]
         self._cache: OrderedDict = OrderedDict()
@@ -165,7 +166,7 @@ class GraphPlan:
                      if getattr(values[vid], "kind", None) == "int")
         b = Binding(key, env, live, attrs, len(self.graph.inputs), checks, ints)
         _check_bounds(values, live)
-        _run_checks(self._binding_checks, env)
+        _run_checks(self._binding_checks + self._offset_checks, env)
         self._validate_binding(b)
         b.payload = self._build_payload(b)
         self._cache[key] = b
@@ -183,12 +184,19 @@ class GraphPlan:
             except DelegateError as e:
                 raise type(e)(f"{st.where()}: {e}") from None
             want = [b.live[v] for v in st.outputs]
+            if got != want and st.index in self._offset_steps:   # the offsets are inputs
+                raise InputError(f"{st.where()} at offsets {_offsets(b.env, self)}: expected "
+                                 f"output shapes {want}, got {got}")
             if got != want:
                 raise BlobError(f"{st.where()} output shapes: expected {want} (from export), "
                                 f"got {got} from shape inference")
 
     def max_env(self) -> dict:
         return max_env(self.graph)
+
+
+def _offsets(env: dict, plan: "GraphPlan") -> dict:
+    return {s.name: env.get(s.name) for s in plan.offset_bindings}
 
 
 def _run_checks(checks: list, env: dict) -> None:
