@@ -101,6 +101,20 @@ def ours(m, prefills, contexts, steps: int) -> dict:
     return out
 
 
+def submits(m, context: int, steps: int) -> None:
+    """Decode tok/s with the dispatch list cut into submits of SUBMIT_EVERY dispatches."""
+    from delegate.runtime import webgpu_executor as wx
+
+    keep, tok = wx.SUBMIT_EVERY, tokens(1)
+    for every in (32, 64, 128, 256, 100000):
+        wx.SUBMIT_EVERY = every
+        m.execute([tokens(context), torch.tensor([0])])
+        per = min(best_of(lambda: [m.execute([tok, torch.tensor([context + i])])
+                                   for i in range(steps)], 2) / steps for _ in range(2))
+        print(f"  decode {context}, submits of {every:6d} dispatches: {1 / per:7.1f} tok/s")
+    wx.SUBMIT_EVERY = keep
+
+
 def cuda_peer(name: str, max_seq: int, prefills, contexts, steps: int) -> dict:
     """The same ExecuTorch model in eager bf16 on CUDA, KV cache and all."""
     if not torch.cuda.is_available():
@@ -183,6 +197,7 @@ def main() -> None:
     print(f"load: {time.perf_counter() - t0:.1f} s")
     warm(m, a.max_seq)
     got = ours(m, prefills, contexts, a.steps)
+    submits(m, contexts[0], a.steps)
     if a.profile:
         profile(m, tokens(1), min(128, a.max_seq // 2))
         profile(m, tokens(min(512, a.max_seq)), 0)

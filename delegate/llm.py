@@ -105,15 +105,17 @@ def group_size(scheme: str):
 
 
 def quantize(model, scheme: str):
-    """Every linear to torchao int4 weight-only, symmetric, per group: the form our
-    partitioner lowers to linear_q4gsw."""
+    """Every linear and the token embedding to torchao int4 weight-only, symmetric, per group:
+    the forms our partitioner lowers to linear_q4gsw and embedding_q4gsw. A tied LM head and
+    embedding quantise to the same bytes, which the .pte then stores once."""
     if group_size(scheme) is None:
         return model
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerGroup
 
-    quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4,
-                                          granularity=PerGroup(group_size(scheme))))
+    config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size(scheme)))
+    quantize_(model, config)
+    quantize_(model, config, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Embedding))
     return model
 
 

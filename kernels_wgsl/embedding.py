@@ -1,4 +1,5 @@
-"""Embedding (embedding.wgsl): one thread per output element gathers its weight entry."""
+"""Embedding (embedding.wgsl): one thread per output element gathers its weight entry;
+embedding_q4gsw dequantizes its nibble from linear_q4gsw's packed layout on the way."""
 from __future__ import annotations
 
 from kernels_wgsl import Dispatch, groups, numel, register_wgsl, words
@@ -14,3 +15,14 @@ def embedding(ins, outs, attrs, info):
         return words(n, dim, vocab), groups(n, WG)
 
     return [Dispatch("embedding", "embedding", (0, 1, 2), (2,), sizes, label="embedding")]
+
+
+@register_wgsl("embedding_q4gsw")
+def embedding_q4gsw(ins, outs, attrs, info):
+    def sizes(ins, outs, attrs):
+        n = numel(outs[0])
+        v_pad = ins[1][1]
+        return words(n, attrs["D"], attrs["V"], attrs["group_size"], v_pad), groups(n, WG)
+
+    return [Dispatch("embedding", "embedding_q4gsw", (0, 1, 2, 3), (3,), sizes,
+                     label="embedding_q4gsw")]

@@ -118,22 +118,34 @@ def _value_check(qdata: torch.Tensor, zero) -> Optional[str]:
     return why
 
 
+EMBEDDING = "aten.embedding.default"
+
+
 def _check_dequantize(dq) -> Optional[str]:
-    """Folded: claimable only as the weight of linears that all take it as their weight."""
+    """Folded: claimable only as the weight of linears (and embeddings, embedding_q4gsw in
+    delegate/ops/embedding.py) that all take it as their weight."""
     for user in dq.users:
-        if user.op != "call_function" or target_name(user.target) != LINEAR:
-            return f"user {user.name}: expected aten.linear reading it as weight, got {user.target}"
-        if user.args[0] is dq or _arg(user, 2, "bias") is dq or user.args[1] is not dq:
-            return f"user {user.name}: expected aten.linear reading it as weight only"
+        name = target_name(user.target) if user.op == "call_function" else ""
+        if name == LINEAR and user.args[1] is dq and user.args[0] is not dq and \
+                _arg(user, 2, "bias") is not dq:
+            continue
+        if name == EMBEDDING and user.args[0] is dq and user.args[1] is not dq:
+            continue
+        return f"user {user.name}: expected aten.linear or aten.embedding reading it as weight"
     return why_not_q4gsw(dq)
+
+
+def match_q4gsw_weight(w) -> Optional[str]:
+    """None when the fx node `w` is a dequantize_affine we pack as q4gsw weights."""
+    if getattr(w, "op", None) != "call_function" or target_name(w.target) != DEQUANTIZE:
+        return "weight is not a torchao.dequantize_affine"
+    return _check_dequantize(w)
 
 
 def _match_linear(node) -> Optional[str]:
     """None when the linear's weight is a claimable dequantize_affine and x is float32 [..., K]."""
     w = node.args[1]
-    if getattr(w, "op", None) != "call_function" or target_name(w.target) != DEQUANTIZE:
-        return "weight is not a torchao.dequantize_affine"
-    why = _check_dequantize(w)
+    why = match_q4gsw_weight(w)
     if why is not None:
         return why
     x = node.args[0].meta.get("val")
@@ -147,9 +159,10 @@ def _match_linear(node) -> Optional[str]:
 
 
 # ---- lowering and shapes -------------------------------------------------------------------
-def q4gsw_weight(linear) -> tuple:
-    """(qdata int8 [N, K], scale [N, K/gs], gs) of a linear the linear_q4gsw pattern matches."""
-    qnode, block, snode, _ = _q4_args(linear.args[1])
+def q4gsw_weight(linear, weight_arg: int = 1) -> tuple:
+    """(qdata int8 [N, K], scale [N, K/gs], gs) of a linear (or, weight_arg 0, an embedding)
+    whose weight match_q4gsw_weight accepts."""
+    qnode, block, snode, _ = _q4_args(linear.args[weight_arg])
     qdata = constant_value(qnode)
     return qdata, constant_value(snode).reshape(qdata.shape[0], -1), int(block[1])
 

@@ -40,10 +40,12 @@ _SAME_ON_GPU = (torch.float32, torch.int32)   # uploaded as they are
 _NP_DTYPES = {torch.float32: np.float32, torch.int32: np.int32, torch.int64: np.int32,
               torch.bool: np.int32}
 ELEMENT_BYTES = 4
-# A dispatch list this long goes out in two submits, so the GPU runs the first half while the
-# second is encoded. Measured on the H200 (Llama-shaped layer, 18 dispatches, T=1): one submit
-# 395-446 µs, two 360-367 µs, four 363-379 µs.
+# A dispatch list this long goes out in several submits, so the GPU runs each piece while the
+# next is encoded: a first short piece (the GPU starts early), then pieces of SUBMIT_EVERY.
+# Measured on the H200 (Llama-shaped layer, 18 dispatches, T=1): one submit 395-446 µs, two
+# 360-367 µs, four 363-379 µs; bench/llama.py compares SUBMIT_EVERY on the whole model.
 SPLIT_SUBMIT_MIN = 16
+SUBMIT_EVERY = 128
 MIN_BUFFER = 16
 
 
@@ -390,12 +392,12 @@ class WebGpuExecutor:
             if not isinstance(part, list):   # nodes with no WGSL kernel: run them on the CPU
                 encoder = cpu_fallback.run(self, part, encoder, inputs, attrs_now)
                 continue
-            if len(part) >= SPLIT_SUBMIT_MIN:   # the GPU starts while the rest is encoded
-                half = len(part) // 2
-                self._encode(encoder.begin_compute_pass(), part[:half])
+            *early, last = _pieces(part)
+            for piece in early:   # the GPU runs these while the rest is encoded
+                self._encode(encoder.begin_compute_pass(), piece)
                 self._gpu.queue.submit([encoder.finish()])
-                encoder, part = self._gpu.device.create_command_encoder(), part[half:]
-            self._encode(encoder.begin_compute_pass(), part)
+                encoder = self._gpu.device.create_command_encoder()
+            self._encode(encoder.begin_compute_pass(), last)
         return self._finish(encoder, b, outputs)
 
     def _upload(self, b, inputs: list) -> dict:
@@ -579,6 +581,13 @@ class WebGpuExecutor:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
+def _pieces(part: list) -> list:
+    """The submits of one dispatch list: whole when short; else a first piece of
+    min(half, SPLIT_SUBMIT_MIN) dispatches, then SUBMIT_EVERY at a time."""
+    if len(part) < SPLIT_SUBMIT_MIN:
+        return [part]
+    first = min(len(part) // 2, SPLIT_SUBMIT_MIN)
+    return [part[:first]] + [part[i:i + SUBMIT_EVERY] for i in range(first, len(part), SUBMIT_EVERY)]
 def _alias_roots(nodes, kernels) -> dict:
     """value id -> the value whose bytes it is: outputs of alias (view) kernels, which run no
     dispatch, and of in-place ops (a cache write), which write into their input 0."""
