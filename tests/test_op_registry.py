@@ -295,6 +295,7 @@ SAMPLE_ATTRS = {
     "permute": {"dims": [1, 0, 2]}, "slice": {"dim": 1, "start": 1, "end": INT_MAX, "step": 2},
     "select": {"dim": 1, "index": -1}, "cat": {"dim": 1}, "unsqueeze": {"dim": -1},
     "slice_scatter": {"dim": 1, "start": 2}, "slice_scatter_": {"dim": 1, "start": 2},
+    "embedding_q4gsw": {"group_size": 32, "D": 64, "V": 5},
     "squeeze": {"dims": [0, 2]}, "split": {"split_sizes": [2, 3], "dim": -1},
     "sdpa": {"is_causal": True, "scale": None, "enable_gqa": True},
     "convolution": {"stride": [2, 1], "padding": [1, 0], "dilation": [1, 2], "transposed": False,
