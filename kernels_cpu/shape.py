@@ -66,4 +66,6 @@ def slice_scatter(ins, outs, attrs, scratch):
 def slice_scatter_(ins, outs, attrs, scratch):
     """Only the written rows move: outs[0] is ins[0]'s own storage (a resident cache)."""
     src, d = ins[1], attrs["dim"]
+    if attrs.get("src_dims"):
+        src = src.permute(*attrs["src_dims"])
     outs[0].narrow(d, attrs["start"], src.shape[d]).copy_(src)

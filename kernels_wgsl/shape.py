@@ -105,11 +105,15 @@ def split(ins, outs, attrs, info):
 
 
 def _rows_params(ins, outs, attrs):
-    """The strided copy of src (operand 1) into rows [start, start + n) of dim of operand 2."""
-    src, dst = ins[1], outs[0]
+    """The strided copy of src (operand 1, read through the permutation src_dims) into rows
+    [start, start + n) of dim of operand 2."""
+    perm = attrs.get("src_dims") or list(range(len(ins[1])))
+    base = contiguous_strides(ins[1])
+    src, strides = [ins[1][i] for i in perm], [base[i] for i in perm]
+    dst = outs[0]
     own = contiguous_strides(dst)
     d = norm_dim(attrs["dim"], len(dst))
-    return copy_params(src, contiguous_strides(src), own, 0, attrs["start"] * own[d])
+    return copy_params(src, strides, own, 0, attrs["start"] * own[d])
 
 
 @register_wgsl("slice_scatter")

@@ -86,7 +86,7 @@ def _scatter_graph(in_place: bool) -> Graph:
     g.symbols = [SymbolBinding("s0", 1, 1), SymbolBinding("u0", 2, -1)]
     g.nodes = [Node("neg", [x], [dst]),
                Node("slice_scatter_" if in_place else "slice_scatter", [dst, src], [out],
-                    {"dim": 1, "start": SymExpr("u0")})]
+                    {"dim": 1, "start": SymExpr("u0"), "src_dims": []})]
     return g
 
 

@@ -119,7 +119,9 @@ def _lower_select(ctx, node):
 
 
 # ---- slice_scatter: rows written at a host-known position (a KV cache update) -------------
-# out = dst with out.narrow(dim, start, src.size(dim)) = src. The in-place twin
+# out = dst with out.narrow(dim, start, src.size(dim)) = src, where src is input 1 read through
+# the permutation src_dims (empty: as it is), so a transposed k is written without a copy of
+# its own. The in-place twin
 # `slice_scatter_` writes only those rows into dst's own buffer; the lowering emits it
 # wherever nothing reads dst afterwards (ir.in_place_ok), so a decode step writes one row of
 # the cache instead of copying all of it. Edge forms: `cache[:, :, pos + arange(T)] = v`
@@ -130,6 +132,10 @@ _FOUR_BYTE = (torch.float32, torch.int32, torch.int64, torch.bool)
 def _infer_slice_scatter(in_shapes, attrs):
     one_input(in_shapes, 2)
     dst, src = tuple(in_shapes[0]), tuple(in_shapes[1])
+    perm = attrs.get("src_dims") or list(range(len(src)))
+    expect(sorted(perm) == list(range(len(src))), DelegateError, "slice_scatter src_dims",
+           f"a permutation of {len(src)} dims", perm)
+    src = tuple(src[i] for i in perm)   # the source as written: its input read through the permute
     d = norm_dim(attrs["dim"], len(dst))
     same = len(src) == len(dst) and all(a == b for i, (a, b) in enumerate(zip(src, dst)) if i != d)
     expect(same, DelegateError, "slice_scatter source shape", f"{dst} except dim {d}", src)
@@ -198,15 +204,23 @@ def _lower_slice_scatter(ctx, node):
     dst, src, dim, start = _scatter_args(node)
     d = norm_dim(dim, dst.meta["val"].dim())
     want = ctx.dims(_written_shape(node, dst.meta["val"], d))
-    src_id = ctx.tensor(src)
+    src_id, perm = ctx.tensor(src), []
     if list(ctx.dims(src.meta["val"].shape)) != want:   # index_put broadcasts its values
         full = ctx.new_value(src.meta["val"].dtype, want)
         ctx.emit("expand", [src_id], [full], sizes=want)
         src_id = full
+    elif _only_permute_of(src, node):   # k.transpose(1, 2) into the cache: one strided copy
+        src_id, perm = ctx.tensor(src.args[0]), [int(i) for i in src.args[1]]
     ins = [ctx.tensor(dst), src_id]
     # in place optimistically; preprocess demotes it where dst is read later (ir.in_place_ok)
     op = "slice_scatter_" if ctx.writable(ins[0]) else "slice_scatter"
-    ctx.emit(op, ins, [ctx.output(node)], dim=d, start=start)
+    ctx.emit(op, ins, [ctx.output(node)], dim=d, start=start, src_dims=perm)
+
+
+def _only_permute_of(src, user) -> bool:
+    """src is a permute_copy that only this write reads."""
+    return (getattr(src, "op", None) == "call_function" and list(src.users) == [user]
+            and target_name(src.target) == "aten.permute_copy.default")
 
 
 def _check_any_dtype_copy(node):
@@ -357,10 +371,11 @@ register_op("slice_scatter", ("aten.index_put.default", "aten.index_copy.default
             _infer_slice_scatter, _lower_slice_scatter, dtypes=_FOUR_BYTE,
             check=_check_slice_scatter,
             doc="dst with rows [start, start + n) of dim replaced by src (a cache write)",
-            attrs={"dim": "int", "start": "symint"}, arity=(2, 1))
+            attrs={"dim": "int", "start": "symint", "src_dims": "ints"}, arity=(2, 1))
 register_op("slice_scatter_", (), _infer_slice_scatter, _lower_slice_scatter, dtypes=_FOUR_BYTE,
             doc="slice_scatter into dst's own buffer (emitted where nothing reads dst later)",
-            attrs={"dim": "int", "start": "symint"}, arity=(2, 1), in_place=True)
+            attrs={"dim": "int", "start": "symint", "src_dims": "ints"}, arity=(2, 1),
+            in_place=True)
 
 
 # ExecuTorch's custom KV cache (source_transformation/custom_kv_cache.py) writes through
@@ -399,7 +414,7 @@ def _lower_update_cache(ctx, node):
     _, new = ctx.outputs(node)   # (update_cache's own dummy result, the updated cache)
     dst = ctx.tensor(cache)
     ctx.emit("slice_scatter_" if ctx.writable(dst) else "slice_scatter", [dst, ctx.tensor(value)],
-             [new], dim=1, start=start)
+             [new], dim=1, start=start, src_dims=[])
 
 
 register_pattern("slice_scatter", "auto_functionalized_v2", _match_update_cache,
