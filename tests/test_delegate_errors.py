@@ -45,7 +45,7 @@ def test_bad_magic_raises_blob_error():
 
 def test_unknown_schema_version_raises_blob_error():
     data = blob.encode(_relu_graph())
-    with pytest.raises(BlobError, match="schema version: expected 2, got 7"):
+    with pytest.raises(BlobError, match="schema version: expected 3, got 7"):
         _init(data[:4] + (7).to_bytes(4, "little") + data[8:])
 
 

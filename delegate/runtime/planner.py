@@ -2,8 +2,8 @@
 
 Both executors plan once per load at the upper-bound shapes: the CPU executor carves one arena,
 the WebGPU executor assigns storage buffers. Lives are inclusive node-index intervals, so a
-node's outputs never overlap its own inputs, and graph outputs live to the end so no later
-node can overwrite them.
+node's outputs never overlap its own inputs, and graph outputs and states' new values live to
+the end (the end of an execute reads them), so no later node can overwrite them.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def lifetimes(graph: Graph) -> dict:
         for vid in node.inputs:
             if vid in first:
                 last[vid] = max(last[vid], i)
-    for vid in graph.outputs:
+    # graph outputs and the new values of states are read after the last node
+    for vid in list(graph.outputs) + [u.value for u in graph.state_updates]:
         if vid in first:
             last[vid] = n
     return {
