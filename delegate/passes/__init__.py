@@ -12,10 +12,11 @@ from __future__ import annotations
 from delegate.errors import DelegateError
 from delegate.passes import fold_batch_norm
 from delegate.passes import fuse_linear
+from delegate.passes import rms_norm
 from delegate.passes import swiglu
 
 PASSES = {"fold_batch_norm": fold_batch_norm.detect, "fuse_linear": fuse_linear.detect,
-          "swiglu": swiglu.detect}
+          "swiglu": swiglu.detect, "rms_norm": rms_norm.detect}
 SPEC_KEY = "passes"
 
 
