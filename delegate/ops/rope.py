@@ -1,0 +1,56 @@
+"""rope: rotary position embedding of x [..., D] by cos/sin tables, in one pass.
+
+The first `rotary_dim` (R, even) channels of the last dim form R/2 pairs (a, b), rotated by
+the angle of their pair; channels past R pass through unchanged (partial rotary):
+
+    out_a = x_a cos_a - x_b sin_a        style "interleaved": pairs (2i, 2i+1) (Meta's Llama)
+    out_b = x_b cos_b + x_a sin_b        style "half":        pairs (i, i + R/2) (HF rotate_half)
+
+A table's last dim is R/2 (one angle per pair, cos_a = cos_b = cos[i]) or R (one per
+channel, as HF's cos = cat(freqs, freqs) stores it); its leading dims broadcast to x's
+leading dims (right-aligned, each equal or 1). cos and sin have one shape.
+
+It has no edge target: only the graph pass delegate/passes/rope.py emits it. Its kernels are
+kernels_cpu/rope.py and kernels_wgsl/rope.*.
+"""
+from __future__ import annotations
+
+from delegate.errors import DelegateError, UnsupportedError, expect
+from delegate.ops import register_op
+from delegate.ops._common import one_input
+
+STYLES = ("interleaved", "half")
+
+
+def table_width_ok(width, rotary_dim: int) -> bool:
+    """A table's last dim: one angle per pair (R/2) or one per channel (R)."""
+    return width in (rotary_dim // 2, rotary_dim)
+
+
+def _infer_rope(in_shapes, attrs):
+    one_input(in_shapes, 3)
+    x, cos, sin = (tuple(s) for s in in_shapes[:3])
+    style, rd = attrs["style"], attrs["rotary_dim"]
+    expect(style in STYLES, DelegateError, "rope style", f"one of {STYLES}", repr(style))
+    expect(len(x) >= 1, DelegateError, "rope x", "a tensor of rank 1 or more", x)
+    expect(rd > 0 and rd % 2 == 0 and rd <= x[-1], DelegateError, "rope rotary_dim",
+           f"an even size in (0, {x[-1]}] for x {x}", rd)
+    expect(cos == sin, DelegateError, "rope sin", f"the cos table's shape {cos}", sin)
+    expect(1 <= len(cos) <= len(x) and table_width_ok(cos[-1], rd), DelegateError,
+           "rope cos", f"rank 1..{len(x)} with last dim {rd // 2} or {rd}", cos)
+    lead = x[len(x) - len(cos):-1]
+    expect(all(t in (1, s) for t, s in zip(cos[:-1], lead)), DelegateError, "rope cos",
+           f"leading dims broadcasting to {x[:-1]}", cos)
+    return [x]
+
+
+def _lower_rope(ctx, node):
+    # unreachable through the registry (no targets); says so if a plugin routes a node here
+    raise UnsupportedError(f"node {node.name}: expected rope only from the rope pass "
+                           f"(delegate/passes/rope.py), got an edge node lowered as it")
+
+
+register_op("rope", (), _infer_rope, _lower_rope,
+            doc="rotary embedding of x by cos/sin tables, interleaved or rotate-half pairs, "
+                "partial rotary_dim; emitted by the rope pass",
+            attrs={"style": "str", "rotary_dim": "int"}, arity=(3, 1))

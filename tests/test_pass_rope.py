@@ -1,0 +1,333 @@
+"""The rope pass (delegate/passes/rope.py) and its op rope (delegate/ops/rope.py): Meta's
+interleaved rotation (executorch's apply_rotary_emb) and HF's q * cos + rotate_half(q) * sin
+(executorch's hf_apply_rotary_emb, a copy of transformers', full and partial) become one rope
+per tensor rotated, within 1e-6 of the unfused lowering on both executors; anything else
+lowers byte-identically to the passes-off lowering.
+
+References: the kernel against a float64 per-channel loop written from the rotation's
+definition; fused programs against the same model lowered with passes="none" (UNFUSED) and
+against eager float32 (the model tolerance).
+"""
+import pytest
+import torch
+from executorch.examples.models.llama.rope import apply_rotary_emb, hf_apply_rotary_emb
+from executorch.exir import EdgeCompileConfig, to_edge
+from torch import nn
+
+from delegate import passes
+from delegate.aot import undelegated_ops
+from delegate.errors import DelegateError
+from delegate.ops import get_op
+from delegate.passes import rope
+from delegate.runtime.program import Runtime
+from tests.test_batch_norm import _blobs, _ops
+from tests.test_kernels_cpu import run1, threads  # noqa: F401  (threads: a fixture)
+from tests.test_kernels_wgsl import run_wgsl
+from tests.test_llm_et import VOCAB, _logits, _steps, tiny_llama
+from tests.test_models import run_pte
+from tests.test_pass_swiglu import _lower
+from tests.tolerances import tol
+
+DEVICES = ["cpu", "webgpu"]
+UNFUSED = {"rtol": 1e-6, "atol": 1e-6}
+T, H, D = 7, 3, 10
+
+
+# ---- the kernel --------------------------------------------------------------------------------
+def _reference(x, cos, sin, style, rd):
+    """float64, channel by channel: out_j = x_j cos_j -/+ x_k sin_j for j's partner k."""
+    x, half = x.double(), rd // 2
+    per_channel = []
+    for t in (cos.double(), sin.double()):
+        if t.shape[-1] == half:   # one angle per pair: spread it to both members
+            t = t.repeat_interleave(2, -1) if style == "interleaved" else torch.cat([t, t], -1)
+        per_channel.append(t.expand(x.shape[:-1] + (rd,)))
+    c, s = per_channel
+    out = x.clone()
+    for j in range(rd):
+        if style == "interleaved":
+            k, sign = (j + 1, -1.0) if j % 2 == 0 else (j - 1, 1.0)
+        else:
+            k, sign = (j + half, -1.0) if j < half else (j - half, 1.0)
+        out[..., j] = x[..., j] * c[..., j] + sign * x[..., k] * s[..., j]
+    return out
+
+
+LAYOUTS = {   # x's shape, the tables' leading dims (broadcast over the rest)
+    "et": ((1, T, H, D), (1, T, 1)),   # [B, T, H, D], tables [1, T, 1, w]
+    "hf": ((2, H, T, D), (T,)),        # [B, H, T, D], tables [T, w]
+}
+
+
+def _operands(layout, width):
+    torch.manual_seed(0)
+    x_shape, lead = LAYOUTS[layout]
+    angles = torch.randn(lead + (width,), dtype=torch.float64) * 3
+    return torch.randn(x_shape, dtype=torch.float64), angles.cos(), angles.sin()
+
+
+def _run_kernel(device, ins, attrs):
+    if device == "cpu":
+        return run1("rope", [t.float() for t in ins], **attrs)
+    return run_wgsl("rope", ins, attrs)[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("style", ["interleaved", "half"])
+@pytest.mark.parametrize("per", ["pair", "channel"])
+@pytest.mark.parametrize("rotary_dim", [6, D], ids=["partial6", "full"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_rope_kernel_matches_float64(device, style, per, rotary_dim, layout):
+    x, cos, sin = _operands(layout, rotary_dim // 2 if per == "pair" else rotary_dim)
+    got = _run_kernel(device, [x, cos, sin], {"style": style, "rotary_dim": rotary_dim})
+    want = _reference(x, cos, sin, style, rotary_dim)
+    assert tuple(got.shape) == tuple(x.shape)
+    torch.testing.assert_close(got.double(), want, **tol("elementwise", device))
+    # channels past rotary_dim are x itself, bit for bit
+    assert torch.equal(got[..., rotary_dim:], x[..., rotary_dim:].float())
+
+
+def test_rope_cpu_kernel_splits_a_large_tensor_over_the_pool(threads):
+    torch.manual_seed(0)
+    x, angles = torch.randn(1, 97, 11, 256, dtype=torch.float64), torch.randn(97, 1, 64)
+    cos, sin = angles.cos().double(), angles.sin().double()
+    got = run1("rope", [x.float(), cos.float(), sin.float()], style="half", rotary_dim=128)
+    torch.testing.assert_close(got.double(), _reference(x, cos, sin, "half", 128),
+                               **tol("elementwise"))
+
+
+@pytest.mark.parametrize("x, cos, sin, rotary_dim, message", [
+    ((7, 3, 10), (7, 1, 5), (7, 1, 3), 10, "rope sin"),
+    ((7, 3, 10), (7, 1, 4), (7, 1, 4), 10, "rope cos"),      # neither R/2 nor R wide
+    ((7, 3, 10), (5, 1, 5), (5, 1, 5), 10, "rope cos"),      # 5 does not broadcast to 7
+    ((7, 3, 10), (7, 1, 5), (7, 1, 5), 7, "rotary_dim"),     # odd
+    ((7, 3, 10), (7, 1, 6), (7, 1, 6), 12, "rotary_dim"),    # past D
+], ids=["sin-shape", "width", "lead", "odd-rotary", "rotary-past-D"])
+def test_rope_infer_rejects_tables_and_rotary_dims_that_do_not_fit(x, cos, sin, rotary_dim,
+                                                                  message):
+    with pytest.raises(DelegateError, match=message):
+        get_op("rope").infer([x, cos, sin], {"style": "half", "rotary_dim": rotary_dim})
+
+
+def test_rope_infer_keeps_x_shape():
+    attrs = {"style": "interleaved", "rotary_dim": 6}
+    assert get_op("rope").infer([(1, 7, 3, 10), (1, 7, 1, 3), (1, 7, 1, 3)], attrs) == [
+        (1, 7, 3, 10)]
+
+
+# ---- where it fires: ExecuTorch's Llama ----------------------------------------------------------
+# form -> (ModelArgs overrides, style, rotary_dim, webgpu dispatches the pass saves per layer)
+FORMS = {
+    "interleaved": ({}, "interleaved", 16, 18),                   # 2 x (10 dispatches -> 1)
+    "half": ({"use_hf_rope": True}, "half", 16, 16),              # 2 x (9 -> 1)
+    "half-partial": ({"use_hf_rope": True, "partial_rotary_factor": 0.5}, "half", 8, 22),
+}
+LAYERS = 2   # tests/test_llm_et.py's ARGS
+ALL_BUT_ROPE = ",".join(n for n in passes.PASSES if n != "rope")
+
+
+def _llama_pm(form, device, passes=None):
+    seq = torch.export.Dim("T", min=1, max=16)
+    example = [torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])}]
+    return _lower(tiny_llama(**FORMS[form][0]), example, device, passes=passes,
+                  dynamic_shapes=({1: seq}, {"input_pos": None}))
+
+
+def _logits_per_step(pm, device, steps) -> list:
+    prog = Runtime.get().load_program(pm.buffer, device=device)
+    try:
+        m, pos, out = prog.load_method("forward"), 0, []
+        for tokens in steps:
+            out.append(_logits(m.execute([tokens, torch.tensor([pos])])))
+            pos += tokens.shape[1]
+        return out
+    finally:
+        prog.destroy()
+
+
+def _ropes(pm) -> list:
+    from delegate import blob
+
+    return [n.attrs for b in _blobs(pm) for n in blob.decode(b).nodes if n.op == "rope"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_pass_fuses_tiny_llama_rotations_within_1e6_of_unfused_and_eager(device, form):
+    overrides, style, rotary_dim, _ = FORMS[form]
+    fused, unfused = _llama_pm(form, device), _llama_pm(form, device, passes="none")
+    assert undelegated_ops(fused) == []
+    assert _ropes(fused) == [{"style": style, "rotary_dim": rotary_dim}] * (2 * LAYERS)
+    assert _ropes(unfused) == []
+    steps = _steps(7, decode=3)   # a prefill, then decode steps on the same cache
+    got, base = _logits_per_step(fused, device, steps), _logits_per_step(unfused, device, steps)
+    eager, pos = tiny_llama(**overrides), 0
+    for tokens, g, b in zip(steps, got, base):
+        torch.testing.assert_close(g, b, **UNFUSED)
+        want = _logits(eager(tokens, {"input_pos": torch.tensor([pos])}))
+        torch.testing.assert_close(g, want, **tol("model", device))
+        pos += tokens.shape[1]
+
+
+def _dispatches(pm) -> int:
+    prog = Runtime.get().load_program(pm.buffer, device="webgpu")
+    try:
+        m = prog.load_method("forward")
+        m.execute([torch.randint(0, VOCAB, (1, 5)), torch.tensor([0])])
+        (backend, handle), = m.delegates
+        return backend.describe(handle)["dispatches"]
+    finally:
+        prog.destroy()
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_pass_cuts_webgpu_dispatches_per_layer(form):
+    saved_per_layer = FORMS[form][3]
+    with_rope = _dispatches(_llama_pm(form, "webgpu"))
+    without = _dispatches(_llama_pm(form, "webgpu", passes=ALL_BUT_ROPE))
+    assert without - with_rope == saved_per_layer * LAYERS
+
+
+# ---- the rotation alone: where it fires, and where it does not -----------------------------------
+class Rotary(nn.Module):
+    """fn(q, k, cos, sin) -> outputs, q [1, T, H, D] and k [1, T, 1, D] as Llama's attention
+    holds them, the tables as `tables` builds them."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, q, k, cos, sin):
+        return self.fn(q, k, cos, sin)
+
+
+def _inputs(width, lead=(T,), dtype=torch.float32):
+    torch.manual_seed(0)
+    angles = torch.randn(lead + (width,), dtype=dtype) * 3
+    return [torch.randn(1, T, H, D, dtype=dtype), torch.randn(1, T, 1, D, dtype=dtype),
+            angles.cos(), angles.sin()]
+
+
+def _hf(q, k, cos, sin):
+    return hf_apply_rotary_emb(q, k, cos, sin, unsqueeze_dim=1)   # tables [T, R] -> [T, 1, R]
+
+
+FIRES = {   # name -> (fn, table width, style, rotary_dim, the tables' reshape)
+    "et-apply_rotary_emb": (apply_rotary_emb, D // 2, "interleaved", D, "view"),
+    "hf-apply_rotary_emb": (_hf, D, "half", D, "unsqueeze"),
+    "hf-partial": (_hf, 6, "half", 6, "unsqueeze"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(FIRES))
+def test_pass_fuses_each_rotated_tensor_into_one_rope(device, name):
+    fn, width, style, rotary_dim, reshape = FIRES[name]
+    model, inputs = Rotary(fn), _inputs(width)
+    pm = _lower(model, inputs, device)
+    assert undelegated_ops(pm) == []
+    assert _ops(pm) == [reshape, reshape, "rope", "rope"]   # cos and sin reshaped once, shared
+    assert _ropes(pm) == [{"style": style, "rotary_dim": rotary_dim}] * 2
+    (q, k), = run_pte(pm, [inputs], device)
+    want_q, want_k = fn(*[t.double() for t in inputs])
+    torch.testing.assert_close(q.double(), want_q, **tol("elementwise", device))
+    torch.testing.assert_close(k.double(), want_k, **tol("elementwise", device))
+
+
+def _et_pairs(x, cos):
+    xr, xi = x.reshape(x.shape[:-1] + (-1, 2)).unbind(-1)
+    return xr, xi, cos.view(1, T, 1, -1)
+
+
+def _et_with(real, imag, extra=None):
+    """An interleaved rotation of q alone whose real and imaginary parts are real(xr, xi, c, s)
+    and imag(...); extra(xr, xi) adds outputs."""
+    def fn(q, k, cos, sin):
+        xr, xi, c = _et_pairs(q, cos)
+        s = sin.view(c.shape)
+        out = torch.stack([real(xr, xi, c, s), imag(xr, xi, c, s)], dim=-1).flatten(3)
+        return (out,) + (extra(xr, xi) if extra else ())
+
+    return fn
+
+
+def _real(xr, xi, c, s):
+    return xr * c - xi * s
+
+
+def _imag(xr, xi, c, s):
+    return xr * s + xi * c
+
+
+def _real_part_is_an_output(q, k, cos, sin):
+    xr, xi, c = _et_pairs(q, cos)
+    part = xr * c
+    real = part - xi * sin.view(c.shape)
+    return torch.stack([real, _imag(xr, xi, c, sin.view(c.shape))], dim=-1).flatten(3), part
+
+
+def _hf_half_is_an_output(q, k, cos, sin):
+    lo = q[..., :D // 2]
+    rotated = torch.cat((-q[..., D // 2:], lo), dim=-1)
+    return q * cos[:, None] + rotated * sin[:, None], lo
+
+
+def _rotate_half_reversed(x):
+    return torch.cat((x[..., :D // 2], -x[..., D // 2:]), dim=-1)
+
+
+NO_MATCH = {   # name -> (fn, table width)
+    "real-part-reversed": (_et_with(lambda xr, xi, c, s: xi * s - xr * c, _imag), D // 2),
+    "imag-not-a-rotation": (_et_with(_real, lambda xr, xi, c, s: xr * c + xi * s), D // 2),
+    "pair-is-an-output": (_et_with(_real, _imag, lambda xr, xi: (xr,)), D // 2),
+    "pair-has-a-second-consumer": (_et_with(_real, _imag, lambda xr, xi: (xr + xi,)), D // 2),
+    "product-is-an-output": (_real_part_is_an_output, D // 2),
+    "hf-rotate-half-reversed": (
+        lambda q, k, c, s: (q * c[:, None] + _rotate_half_reversed(q) * s[:, None],), D),
+    "hf-half-is-an-output": (_hf_half_is_an_output, D),
+    "tables-widen-x": (   # k [1, T, 1, D] broadcast up to the tables' heads
+        lambda q, k, c, s: (k * c + torch.cat((-k[..., D // 2:], k[..., :D // 2]), -1) * s,), D),
+}
+
+
+def _assert_unchanged(fn, width, device, lead=(T,)):
+    """Passes on and off give the same blobs, which hold no rope and run like eager."""
+    model, inputs = Rotary(fn), _inputs(width, lead)
+    on, off = _lower(model, inputs, device), _lower(model, inputs, device, passes="none")
+    assert _blobs(on) == _blobs(off)
+    assert "rope" not in _ops(on)
+    return on, model, inputs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(NO_MATCH))
+def test_graph_with_no_match_lowers_byte_identically_and_runs(device, name):
+    fn, width = NO_MATCH[name]
+    lead = (1, T, H) if name == "tables-widen-x" else (T,)
+    pm, model, inputs = _assert_unchanged(fn, width, device, lead)
+    assert undelegated_ops(pm) == []
+    got, = run_pte(pm, [inputs], device)
+    for g, w in zip(got, model(*inputs)):
+        torch.testing.assert_close(g, w, **tol("model", device))
+
+
+def test_pass_refuses_float64_operands():
+    # the partitioner claims no float64 node, so the pass's own dtype test is asked directly
+    for dtype, fires in ((torch.float32, True), (torch.float64, False)):
+        ep = torch.export.export(Rotary(apply_rotary_emb), tuple(_inputs(D // 2, dtype=dtype)))
+        edge = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+        assert bool(rope.detect(edge.exported_program().graph)) == fires, dtype
+
+
+# ---- the compile spec --------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", ["none", ALL_BUT_ROPE])
+def test_compile_spec_without_rope_keeps_the_unfused_rotation(spec):
+    model, inputs = Rotary(apply_rotary_emb), _inputs(D // 2)
+    off, unfused = _lower(model, inputs, "cpu", passes=spec), _lower(model, inputs, "cpu", "none")
+    assert {"mul", "sub", "add", "cat"} <= set(_ops(off)) and "rope" not in _ops(off)
+    assert _blobs(off) == _blobs(unfused)
+
+
+def test_compile_spec_naming_rope_alone_fuses():
+    model, inputs = Rotary(apply_rotary_emb), _inputs(D // 2)
+    assert _ops(_lower(model, inputs, "cpu", passes="rope")) == ["view", "view", "rope", "rope"]
