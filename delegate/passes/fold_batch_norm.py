@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from delegate.passes._match import lower_nothing as _lower_nothing
 from delegate.ops.batch_norm import normalized_output
 from delegate.ops.export import constant_value, target_name
 from delegate.ops.linear import conv_attrs
@@ -75,7 +76,3 @@ def _lower_folded(folded, bn_output):
         ctx.emit("convolution", ins, [ctx.output(bn_output)], **conv_attrs(conv))
 
     return lower
-
-
-def _lower_nothing(ctx, node):
-    """The batch norm: its output was written by the folded convolution."""

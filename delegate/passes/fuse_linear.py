@@ -14,6 +14,7 @@ instead of one per linear.
 """
 from __future__ import annotations
 
+from delegate.passes._match import lower_nothing as _lower_nothing
 from delegate.ops.export import pattern_for
 from delegate.ops.q4gsw import linear_bias, lower_linear_multi, q4gsw_weight
 
@@ -54,7 +55,3 @@ def _lower_group(group):
         lower_linear_multi(ctx, group)
 
     return lower
-
-
-def _lower_nothing(ctx, node):
-    """A later linear of a group: the fused op at the first one wrote its output."""

@@ -39,6 +39,8 @@ from typing import Optional
 
 import torch
 
+from delegate.passes._match import (is_call as _is, lower_nothing as _lower_nothing,
+                                    only_feeds as _only_feeds, product as _product)
 from delegate.lowering import sym_text
 from delegate.ops.export import constant_value, target_name
 
@@ -59,24 +61,6 @@ def detect(graph) -> dict:
             rewrites[last] = _lower_rms_norm(x, weight, eps)
             rewrites.update((n, _lower_nothing) for n in absorbed)
     return rewrites
-
-
-def _is(node, *targets: str) -> bool:
-    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
-            and target_name(node.target) in targets)
-
-
-def _only_feeds(node, user) -> bool:
-    """node's one consumer is user (a partition output is a consumer too)."""
-    return list(node.users) == [user]
-
-
-def _product(node) -> Optional[tuple]:
-    """(x, y) of a mul of two tensors, else None."""
-    if not _is(node, MUL) or len(node.args) != 2 or node.kwargs:
-        return None
-    x, y = node.args
-    return (x, y) if isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node) else None
 
 
 def _square_of(node) -> Optional[torch.fx.Node]:
@@ -204,7 +188,3 @@ def _lower_rms_norm(x, weight, eps: float):
                  normalized_shape=[ctx.dim(x.meta["val"].shape[-1])], eps=eps)
 
     return lower
-
-
-def _lower_nothing(ctx, node):
-    """A square, mean, add, rsqrt or mul the rms_norm at the chain's end absorbed."""

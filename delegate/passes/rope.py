@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from delegate.passes._match import is_call as _is, lower_nothing as _lower_nothing
 from delegate.lowering import sym_text
 from delegate.ops.export import target_name
 
@@ -56,11 +57,6 @@ def detect(graph) -> dict:
 
 
 # ---- node tests --------------------------------------------------------------------------------
-def _is(node, target: str) -> bool:
-    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
-            and target_name(node.target) == target)
-
-
 def _feeds_only(node, users) -> bool:
     """node's consumers are exactly `users` (a partition output is a consumer too)."""
     return set(node.users) == set(users)
@@ -283,8 +279,3 @@ def _lower_rope(x, cos, sin, style: str, rotary_dim: int):
                  style=style, rotary_dim=rotary_dim)
 
     return lower
-
-
-def _lower_nothing(ctx, node):
-    """A view, slice, squeeze, mul, add, sub, neg, unsqueeze or cat the rope at its root
-    absorbed."""

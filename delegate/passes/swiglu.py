@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 
+from delegate.passes._match import (is_call as _is, lower_nothing as _lower_nothing,
+                                    only_feeds as _only_feeds, product as _product)
 from delegate.lowering import sym_text
 from delegate.ops.export import target_name
 
@@ -36,24 +38,6 @@ def detect(graph) -> dict:
             rewrites[node] = _lower_silu_mul(gate, up)
             rewrites.update((n, _lower_nothing) for n in absorbed)
     return rewrites
-
-
-def _is(node, target: str) -> bool:
-    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
-            and target_name(node.target) == target)
-
-
-def _only_feeds(node, user) -> bool:
-    """node's one consumer is user (a partition output is a consumer too)."""
-    return list(node.users) == [user]
-
-
-def _product(node) -> Optional[tuple]:
-    """(x, y) of a mul of two tensors, else None."""
-    if not _is(node, MUL) or len(node.args) != 2 or node.kwargs:
-        return None
-    x, y = node.args
-    return (x, y) if isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node) else None
 
 
 def _silu_of(node, user) -> Optional[tuple]:
@@ -101,7 +85,3 @@ def _lower_silu_mul(gate, up):
         ctx.emit("silu_mul", [ctx.tensor(gate), ctx.tensor(up)], [ctx.output(node)])
 
     return lower
-
-
-def _lower_nothing(ctx, node):
-    """A silu, sigmoid or mul the silu_mul at its consumer absorbed."""

@@ -1,0 +1,33 @@
+"""The node tests every graph pass matches with (a module of helpers, not a pass)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from delegate.ops.export import target_name
+
+MUL = "aten.mul.Tensor"
+
+
+def is_call(node, *targets: str) -> bool:
+    """node is an fx call of one of these edge targets ("aten.mul.Tensor")."""
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and target_name(node.target) in targets)
+
+
+def only_feeds(node, user) -> bool:
+    """node's one consumer is user (a partition output is a consumer too)."""
+    return list(node.users) == [user]
+
+
+def product(node) -> Optional[tuple]:
+    """(x, y) of a mul of two tensors, else None."""
+    if not is_call(node, MUL) or len(node.args) != 2 or node.kwargs:
+        return None
+    x, y = node.args
+    return (x, y) if isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node) else None
+
+
+def lower_nothing(ctx, node) -> None:
+    """A node a pass absorbed into the node that lowers the whole match."""
