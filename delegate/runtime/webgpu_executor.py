@@ -243,11 +243,8 @@ class WebGpuExecutor:
             if not (isinstance(v, TensorValue) and v.constant_key) or v.state:
                 continue
             if v.constant_key not in self._weights:
-                host = _to_gpu_dtype(weights[v.constant_key], f"weight {v.constant_key}").contiguous()
-                _check_binding(host.numel() * ELEMENT_BYTES, limit, f"weight {v.constant_key}")
-                data = host.reshape(-1).view(torch.uint8).numpy().tobytes()
-                data += bytes(max(0, MIN_BUFFER - len(data)))  # wgpu refuses empty buffers
-                self._weights[v.constant_key] = self._new_buffer(0, data=data)
+                self._weights[v.constant_key] = self._filled_buffer(
+                    weights[v.constant_key], limit, f"weight {v.constant_key}")
             self._loc[vid] = ("weight", v.constant_key)
         self._upload_states(weights, limit)
         for vid, root in self._root.items():
@@ -260,13 +257,19 @@ class WebGpuExecutor:
         self._states: dict = {}       # state value id -> GPUBuffer
         for vid, v in enumerate(self.graph.values):
             if isinstance(v, TensorValue) and v.state:
-                host = _to_gpu_dtype(weights[v.constant_key], f"state {vid}").contiguous()
-                _check_binding(host.numel() * ELEMENT_BYTES, limit, f"state {vid}")
-                data = host.reshape(-1).view(torch.uint8).numpy().tobytes()
-                self._states[vid] = self._new_buffer(0, data=data + bytes(max(0, MIN_BUFFER - len(data))))
+                self._states[vid] = self._filled_buffer(weights[v.constant_key], limit,
+                                                        f"state {vid}")
                 self._loc[vid] = ("state", vid)
         self._state_copies = [(u.value, u.state) for u in self.graph.state_updates
                               if self._root.get(u.value, u.value) != u.state]
+
+    def _filled_buffer(self, t: torch.Tensor, limit: int, what: str):
+        """A storage buffer holding t's elements as the GPU holds them (4 bytes each)."""
+        host = _to_gpu_dtype(t, what).contiguous()
+        _check_binding(host.numel() * ELEMENT_BYTES, limit, what)
+        data = host.reshape(-1).view(torch.uint8).numpy().tobytes()
+        data += bytes(max(0, MIN_BUFFER - len(data)))  # wgpu refuses empty buffers
+        return self._new_buffer(0, data=data)
 
     def _plan_slots(self) -> None:
         """Greedy interval colouring: largest values first, each into the first buffer none of
