@@ -18,7 +18,14 @@ intra-op threads at 1 inside it. ExecuTorch's op parallelises over its own threa
 portable_lib._threadpool_get_thread_count() and set with portable_lib._unsafe_reset_threadpool(n).
 The naive loop and the sgemm reference use torch.set_num_threads(n).
 
+Per-kernel GPU ms follow each webgpu row, summed per label over a call's dispatches (chunk_prep,
+chunk_scan and chunk_out run once per segment of chunks; "recurrent" is the decode kernel at
+T = 1 and the carry copy otherwise). --scan-columns repeats the GPU table with chunk_scan's
+value columns per workgroup forced to each value (the builder still stages as many chunk rows
+as the device's workgroup memory holds).
+
     python bench/gated_delta_rule.py [--ts 1,128,512] [--threads 1,2] [--gpu-ts 1,512,2048,8192]
+        [--scan-columns 8,16,32]
     (--gpu-ts "" skips the GPU table, --ts "" the CPU one)
 """
 from __future__ import annotations
@@ -173,11 +180,18 @@ def fla_ms(x, runs: int) -> str:
     return f"{best:.4f}"
 
 
-def gpu_table(ts) -> None:
+def gpu_table(ts, scan_columns=None) -> None:
+    from kernels_wgsl import gated_delta_rule as gdr
     from kernels_wgsl.device import get_device
 
+    default = gdr.SCAN_COLUMNS
+    if scan_columns:   # the forced width first, the narrower defaults where it does not fit
+        gdr.SCAN_COLUMNS = (scan_columns,) + tuple(c for c in default if c < scan_columns)
+    limit = get_device().limits.get("max-compute-workgroup-storage-size", gdr.WORKGROUP_BYTES)
+    tile = gdr.scan_tile(gdr.Heads(K, V, 1, K), limit)
     print(f"\ngated_delta_rule on the GPU  B={B} H={H} K={K} V={V} fp32 channelwise; "
-          f"adapter {get_device().name}")
+          f"adapter {get_device().name}; chunk_scan {tile.bv} columns x {tile.tc} staged rows "
+          f"per workgroup ({B * H * -(-V // tile.bv)} workgroups)")
     print(f"{'T':>5} {'webgpu ms':>10} {'clock':>5} {'FLA ms':>10} {'ratio':>6}  kernels (ms)")
     for T in ts:
         x = make_inputs(T)
@@ -188,6 +202,7 @@ def gpu_table(ts) -> None:
         print(f"{T:>5} {ours:>10.4f} {clock:>5} {fla:>10} {ratio}  {kernels}")
     print("webgpu: summed GPU time of our dispatches (each in its own timed pass); FLA gets the "
           "per-head mean log decay (scalar gate)")
+    gdr.SCAN_COLUMNS = default
 
 
 def cpu_table(args) -> None:
@@ -216,11 +231,16 @@ def main() -> None:
     ap.add_argument("--ts", default="1,128,512,2048,8192")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--gpu-ts", default="1,512,2048,8192")
+    ap.add_argument("--scan-columns", default="",
+                    help="comma list: one GPU table per chunk_scan column block (default: the "
+                         "builder's choice)")
     args = ap.parse_args()
     if args.ts:
         cpu_table(args)
     if args.gpu_ts:
-        gpu_table([int(s) for s in args.gpu_ts.split(",")])
+        ts = [int(s) for s in args.gpu_ts.split(",")]
+        for bv in [int(s) for s in args.scan_columns.split(",")] if args.scan_columns else [None]:
+            gpu_table(ts, bv)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,53 @@ def test_segments_carry_the_state_between_them(monkeypatch):
     assert_matches_reference(make_inputs(130, Hq=4, Hs=2))
 
 
+@pytest.mark.parametrize("columns, rows", [(4, 1), (8, 2), (16, 8), (16, 32), (32, 16)])
+def test_scan_tiles_of_any_width_and_staged_rows(columns, rows, monkeypatch):
+    """chunk_scan with BV value columns per workgroup and TC chunk rows staged at a time (the
+    device's workgroup memory picks them); chunk 1 takes the exact route in between."""
+    monkeypatch.setattr(gdr, "SCAN_COLUMNS", (columns,))
+    monkeypatch.setattr(gdr, "SCAN_ROWS", (rows,))
+    inputs = make_inputs(130, Hq=4, Hs=2, K=24, V=20)
+    inputs[3][:, :, 32:64] = 1e-12
+    assert_matches_reference(inputs)
+
+
+@pytest.mark.parametrize("K, V", [(128, 128), (256, 200)])
+def test_scan_fits_the_guaranteed_16_kib_of_workgroup_memory(K, V, monkeypatch):
+    """WebGPU guarantees 16 KiB: the scan narrows its column block and stages fewer rows."""
+    from kernels_wgsl.device import get_device
+
+    monkeypatch.setitem(get_device().limits, "max-compute-workgroup-storage-size", 16384)
+    assert_matches_reference(make_inputs(65, B=1, Hq=2, Hs=1, K=K, V=V))
+
+
+def test_scan_tile_is_the_widest_that_fits():
+    h = gdr.Heads(128, 128, 1, 128)
+    assert gdr.scan_tile(h, 49152) == gdr.ScanTile(16, 32)    # the H200's 48 KiB
+    for k in (1, 5, 64, 128, 256):
+        for g in (1, 4):
+            tile = gdr.scan_tile(gdr.Heads(k, 256, g, k), 16384)
+            assert gdr.scan_bytes(gdr.Heads(k, 256, g, k), tile) <= 16384
+
+
+@pytest.mark.parametrize("V", [22, 140])
+def test_value_columns_past_the_last_full_block(V):
+    """V = 22: a scan block of 16 and one of 6 (a partial vec4); V = 140: nine scan blocks,
+    the last of 12 columns, and two output blocks of 128 and 12."""
+    assert_matches_reference(make_inputs(65, Hq=4, Hs=2, K=8, V=V))
+
+
+def test_values_narrower_than_one_block():
+    assert_matches_reference(make_inputs(65, Hq=2, Hs=1, K=7, V=3))
+
+
+def test_live_heads_must_match_the_loaded_ones():
+    specs, shapes, outs = _build(make_inputs(65))
+    other = [tuple(t.shape) for t in make_inputs(65, K=8)]
+    with pytest.raises(UnsupportedError, match="live heads"):
+        specs[1].sizes(other, outs, {})
+
+
 def test_initial_state_buffer_is_not_written():
     from delegate.runtime.webgpu_executor import WebGpuExecutor
 
@@ -150,10 +197,11 @@ def _build(ins, scratch=True):
 
 
 def test_live_length_routes_the_dispatches():
+    """Decode runs the recurrence alone; a prefill copies the carry, then prep, scan, out."""
     specs, shapes, outs = _build(make_inputs(130))
-    assert [s.entry for s in specs] == ["recurrent", "chunk_prep", "chunk_scan"]
+    assert [s.entry for s in specs] == ["recurrent", "chunk_prep", "chunk_scan", "chunk_out"]
     decode = [tuple(t.shape) for t in make_inputs(1)]
-    assert [s.sizes(decode, outs, {})[1] > 0 for s in specs] == [True, False, False]
+    assert [s.sizes(decode, outs, {})[1] > 0 for s in specs] == [True, False, False, False]
     assert all(s.sizes(shapes, outs, {})[1] > 0 for s in specs)
 
 
