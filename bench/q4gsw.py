@@ -16,13 +16,22 @@ adapter offers them (wall time over the same submit is printed beside them), els
 Weights rotate through enough copies to overflow the GPU's last-level cache, so GEMV reads
 come from memory, as in decode.
 
+--sweep-gemv times every GemvConfig (kernels_wgsl/q4gsw.py) at each GEMV shape of a
+Llama-3.2-1B decode step, with the device's cross-lane sums, weights and scales both rotating
+(up to 128 copies), each output checked against fp64. Per shape: the configs by time; whether
+each layout's schedules agree bit for bit (the fused op relies on it). Per K: the layouts
+ranked by the decode step's GEMV time, each shape at its fastest schedule, and the routed total.
+
     python bench/q4gsw.py            # the full tables (a real GPU)
     python bench/q4gsw.py --quick    # small subset for lavapipe / CPU-only machines
+    python bench/q4gsw.py --sweep-gemv                 # every GEMV config at the decode shapes
+    python bench/q4gsw.py --sweep-gemv --quick --reps 2 --shrink 8   # the same, on lavapipe
     ETWGPU_ADAPTER=nvidia python bench/q4gsw.py --skip-cpu
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -162,7 +171,7 @@ def q4_specs(gpu: Gpu, m: int, k: int, n: int) -> list:
     epi = wq.bias_epilogue(False)
     always = lambda m, n: True  # noqa: E731
     if m == 1:
-        specs = [wq.coop_gemv(sg, n, epi, always)
+        specs = [wq.coop_gemv(sg, n, epi, always, wq.gemv_config(k, n, gpu.dev, sg), GROUP)
                  for sg in ((False, True) if gpu.dev.has_subgroups else (False,))]
     else:
         specs = [wq.steel_gemm(tile, f16, n, epi, always)
@@ -197,14 +206,27 @@ def time_q4(gpu: Gpu, spec, m: int, k: int, n: int, reps: int, check: bool = Fal
     return t_ts, t_wall
 
 
-def _check(gpu, out, host, m, n, k):
+def dequant_reference(host, m: int, n: int, k: int, block: int = 8192) -> torch.Tensor:
+    """fp64 dequantize-then-matmul of the host operands, `block` columns at a time."""
     x, packed, scales = host
     nib = packed.view(torch.uint8).view(n, k // 2)
-    q = torch.stack([nib & 15, nib >> 4], -1).view(n, k).double() - 8
-    w = q * scales[:, :n].t().double().repeat_interleave(GROUP, 1)
-    want = x.double() @ w.t()
+    want = torch.empty(m, n, dtype=torch.float64)
+    for n0 in range(0, n, block):
+        rows = nib[n0:n0 + block]
+        q = torch.stack([rows & 15, rows >> 4], -1).view(len(rows), k).double() - 8
+        w = q * scales[:, n0:n0 + block].t().double().repeat_interleave(GROUP, 1)
+        want[:, n0:n0 + block] = x.double() @ w.t()
+    return want
+
+
+def relative_error(gpu, out, want: torch.Tensor) -> float:
     got = torch.frombuffer(bytearray(gpu.device.queue.read_buffer(out)), dtype=torch.float32)
-    err = (got.view(m, n).double() - want).abs().max().item() / max(1e-9, want.abs().max().item())
+    err = (got[:want.numel()].view_as(want).double() - want).abs().max().item()
+    return err / max(1e-9, want.abs().max().item())
+
+
+def _check(gpu, out, host, m, n, k):
+    err = relative_error(gpu, out, dequant_reference(host, m, n, k))
     if err > 1e-2:
         raise SystemExit(f"q4gsw {m}x{n}x{k}: expected the dequant-matmul result, "
                          f"got relative error {err}")
@@ -264,14 +286,17 @@ def _best(t_ts, t_wall):
     return t_ts if t_ts is not None else t_wall
 
 
-def gpu_tables(args) -> None:
+def open_gpu(args) -> Gpu:
     gpu = Gpu()
     if args.quick:
         gpu.warm_s, gpu.trials = 0.0, 1
-    shapes = SHAPES if not args.quick else [(2048, 2048), (2048, 512)]
     print(f"# WebGPU adapter: {gpu.dev.name}; shader-f16 {gpu.dev.has_f16}; "
-          f"timestamps {gpu.dev.has_timestamps}")
-    reps = 3 if args.quick else 50
+          f"subgroups {gpu.dev.has_subgroups}; timestamps {gpu.dev.has_timestamps}")
+    return gpu
+
+
+def copy_peers(gpu: Gpu, reps: int) -> tuple:
+    """(copy_buffer_to_buffer bandwidth, torch.cuda copy bandwidth or None), both printed."""
     copy_bytes = min(ROTATE_BYTES, gpu.dev.limits["max-storage-buffer-binding-size"])
     c_ts, c_wall = time_copy(gpu, copy_bytes, reps)
     copy_bw = 2 * copy_bytes / _best(c_ts, c_wall)
@@ -280,6 +305,14 @@ def gpu_tables(args) -> None:
     tc = torch_copy_bw(copy_bytes)
     print(f"torch.cuda copy {copy_bytes >> 20} MiB: "
           f"{'n/a' if tc is None else f'{tc / 1e9:.1f} GB/s (read + write)'}\n")
+    return copy_bw, tc
+
+
+def gpu_tables(args) -> None:
+    gpu = open_gpu(args)
+    shapes = SHAPES if not args.quick else [(2048, 2048), (2048, 512)]
+    reps = 3 if args.quick else 50
+    copy_bw, tc = copy_peers(gpu, reps)
 
     print("GEMV (M = 1), packed weight bytes per second; * = the kernel the builder routes to")
     print(f"{'K':>6} {'N':>7} {'weights MiB':>12} {'kernel':>26} {'us':>9} {'wall us':>9} "
@@ -312,6 +345,177 @@ def gpu_tables(args) -> None:
                       f"{_best(t_ts, t_wall) * 1e6:>10.1f} {tf:>9.3f} "
                       f"{'n/a' if ref is None else f'{ref:.1f}':>8} "
                       f"{'n/a' if ref is None else f'{tf / ref:.3f}':>6}")
+    gpu.release()
+
+
+# ---- GEMV sweep (--sweep-gemv) -----------------------------------------------------------------
+# (K, N, GEMVs of that shape per Llama-3.2-1B decode step): fused qkv, o, fused gate-up, down,
+# the LM head; and 2048 x 8192 (an unfused gate or up), for the pre-sweep figure only.
+DECODE_GEMVS = [(2048, 3072, 16), (2048, 2048, 16), (2048, 16384, 16), (8192, 2048, 16),
+                (2048, 128256, 1), (2048, 8192, 0)]
+SWEEP_LANES = (32, 64, 128, 256, 512, 1024)
+MAX_WORDS_IN_FLIGHT = 64   # words * cols * unroll per lane: past it the loads spill registers
+SWEEP_ERROR = 1e-4         # relative to max |reference|: an f32 GEMV is ~1e-6 off fp64
+
+
+def gemv_configs(gpu: Gpu, k: int, subgroups: bool) -> list:
+    """Every GemvConfig worth timing at K on this device: no more lanes than chunks, no
+    unroll past the chunks a lane has, x staged only for chunks wider than one word."""
+    from kernels_wgsl import q4gsw as wq
+
+    out = []
+    for words, lanes in itertools.product(wq.GEMV_CHUNKS, SWEEP_LANES):
+        chunks = k // (8 * words)
+        per_lane = -(-chunks // lanes)
+        if lanes > max(32, chunks):
+            continue
+        for cols, unroll, staged in itertools.product(wq.GEMV_COLS, wq.GEMV_UNROLLS, (False, True)):
+            if ((unroll > 1 and unroll >= 2 * per_lane) or (staged and words == 1)
+                    or words * cols * unroll > MAX_WORDS_IN_FLIGHT):
+                continue
+            config = wq.GemvConfig(words, lanes, cols, unroll, staged)
+            if config.fits(gpu.dev, subgroups):
+                out.append(config)
+    return out
+
+
+def sweep_shapes(shrink: int) -> list:
+    """DECODE_GEMVS with K and N divided by `shrink` (K kept a multiple of 64, N of 8)."""
+    return [(max(64, k // shrink // 64 * 64), max(8, n // shrink // 8 * 8), count)
+            for k, n, count in DECODE_GEMVS]
+
+
+def gemv_operands(gpu: Gpu, k: int, n: int):
+    """([(packed, scales)] copies that together overflow the last-level cache, as decode reads
+    both from memory; x; out; the host tensors)."""
+    packs, scales_buf, x, out, host = q4_operands(gpu, 1, k, n, 1)
+    nbytes = n * k // 2 + host[2].numel() * 4
+    copies = [(packs[0], scales_buf)] + [
+        (gpu.buffer(0, host[1].numpy().tobytes()), gpu.buffer(0, host[2].numpy().tobytes()))
+        for _ in range(max(0, min(127, ROTATE_BYTES // nbytes - 1)))]
+    return copies, x, out, host
+
+
+def time_gemv(gpu: Gpu, spec, k: int, n: int, operands, reps: int):
+    """(timestamp s or None, wall s) of one GEMV Dispatch, its output left in `out`."""
+    copies, x, out, _ = operands
+    attrs = {"group_size": GROUP, "K": k, "N": n}
+    params, count = spec.sizes([(1, k), (n, k // 8), None, None], [(1, n)], attrs)
+    grid = gpu.fold(count)
+    bound = [gpu.bound(spec, [x, packed, scales, None, out], params) for packed, scales in copies]
+
+    def encode(enc, cp, r):
+        pipeline, bind_group = bound[r % len(bound)]
+        cp.set_pipeline(pipeline)
+        cp.set_bind_group(0, bind_group)
+        cp.dispatch_workgroups(*grid)
+
+    return gpu.time(encode, reps)
+
+
+def sweep_shape(gpu: Gpu, k: int, n: int, subgroups: bool, reps: int) -> list:
+    """[(config, seconds, wall seconds, relative error, output bytes)] of every config."""
+    from kernels_wgsl import q4gsw as wq
+
+    operands = gemv_operands(gpu, k, n)
+    want = dequant_reference(operands[3], 1, n, k)
+    epi = wq.bias_epilogue(False)
+    rows = []
+    routed = wq.gemv_config(k, n, gpu.dev, subgroups)
+    configs = gemv_configs(gpu, k, subgroups)
+    for config in configs + ([routed] if routed not in configs else []):
+        spec = wq.coop_gemv(subgroups, n, epi, lambda m, n: True, config, GROUP)
+        gpu.device.queue.write_buffer(operands[2], 0, bytes(4 * n))   # no stale bits pass
+        t_ts, t_wall = time_gemv(gpu, spec, k, n, operands, reps)
+        bits = bytes(gpu.device.queue.read_buffer(operands[2]))
+        rows.append((config, _best(t_ts, t_wall), t_wall, relative_error(gpu, operands[2], want),
+                     bits))
+    for packed, scales in operands[0]:
+        packed.destroy()
+        scales.destroy()
+    operands[1].destroy()
+    operands[2].destroy()
+    return rows
+
+
+def print_sweep_rows(k: int, n: int, rows: list, routed, copy_bw: float, tc) -> None:
+    print(f"\nGEMV K {k} N {n}: {n * k / 2 / 2**20:.2f} MiB packed; GB/s = packed bytes / time; "
+          f"* = routed")
+    print(f"{'variant':>20} {'us':>9} {'wall us':>9} {'GB/s':>8} {'% copy':>7} "
+          f"{'% torch copy':>13} {'rel err':>9}")
+    for config, t, wall, err, _ in sorted(rows, key=lambda r: r[1]):
+        bw = n * k / 2 / t
+        print(f"{config.name + (' *' if config == routed else ''):>20} {t * 1e6:>9.2f} "
+              f"{wall * 1e6:>9.1f} {bw / 1e9:>8.1f} {100 * bw / copy_bw:>6.1f}% "
+              f"{'n/a' if tc is None else f'{100 * bw / tc:.1f}%':>13} {err:>9.1e}"
+              f"{'' if err <= SWEEP_ERROR else '  WRONG'}")
+
+
+def layout_bits_agree(rows: list) -> list:
+    """Layouts (words, lanes) whose configs gave different output bits: none, or the fused op
+    would not match its unfused linears."""
+    first, differ = {}, set()
+    for config, _, _, _, bits in rows:
+        layout = (config.words, config.lanes)
+        if first.setdefault(layout, bits) != bits:
+            differ.add(layout)
+    return sorted(differ)
+
+
+def best_by_layout(rows: list) -> dict:
+    """(words, lanes) -> (seconds, config) of its fastest correct schedule."""
+    best = {}
+    for config, t, _, err, _ in rows:
+        layout = (config.words, config.lanes)
+        if err <= SWEEP_ERROR and t < best.get(layout, (float("inf"),))[0]:
+            best[layout] = (t, config)
+    return best
+
+
+def print_sweep_summary(results: dict) -> None:
+    """Per K, the layouts by decode-step GEMV time (each shape at its fastest schedule), and
+    what the router picks now."""
+    print("\nDecode step, Llama-3.2-1B GEMV counts: per K, layout w words l lanes with each "
+          "shape at its fastest correct schedule (c cols, u unroll, xs x staged); * = routed")
+    for k in sorted({k for k, _ in results}):
+        shapes = [(n, count, rows, routed) for (kk, n), (count, rows, routed) in results.items()
+                  if kk == k and count]
+        totals, now = {}, 0.0
+        for n, count, rows, routed in shapes:
+            now += count * next(t for c, t, *_ in rows if c == routed)
+            for layout, (t, config) in best_by_layout(rows).items():
+                total, picks = totals.get(layout, (0.0, []))
+                totals[layout] = (total + count * t, picks + [f"N {n}: {config.name}"])
+        if not shapes:
+            continue
+        routed_layout = (shapes[0][3].words, shapes[0][3].lanes)
+        ranked = sorted(totals.items(), key=lambda kv: kv[1][0])
+        for layout, (total, picks) in [kv for i, kv in enumerate(ranked)
+                                       if i < 5 or kv[0] == routed_layout]:
+            print(f"  K {k} w{layout[0]} l{layout[1]}{' *' if layout == routed_layout else ''}: "
+                  f"{total * 1e6:.1f} us ({'; '.join(picks)})")
+        print(f"  K {k} as routed now: {now * 1e6:.1f} us")
+
+
+def gemv_sweep(args) -> None:
+    from kernels_wgsl import q4gsw as wq
+
+    gpu = open_gpu(args)
+    subgroups = bool(gpu.dev.has_subgroups)
+    copy_bw, tc = copy_peers(gpu, args.reps)
+    print(f"GEMV sweep, {'subgroupAdd' if subgroups else 'workgroup-memory'} sums, "
+          f"min of {gpu.trials} trials of {args.reps} back-to-back dispatches; weights and "
+          f"scales rotate through >= {ROTATE_BYTES >> 20} MiB of copies")
+    results = {}
+    for k, n, count in sweep_shapes(args.shrink):
+        routed = wq.gemv_config(k, n, gpu.dev, subgroups)
+        rows = sweep_shape(gpu, k, n, subgroups, args.reps)
+        print_sweep_rows(k, n, rows, routed, copy_bw, tc)
+        differ = layout_bits_agree(rows)
+        print("bits: " + (f"DIFFER across the schedules of layouts {differ}" if differ else
+                          "each layout gives one output whatever its schedule"))
+        results[(k, n)] = (count, rows, routed)
+    print_sweep_summary(results)
     gpu.release()
 
 
@@ -361,7 +565,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small subset (lavapipe / CPU)")
     ap.add_argument("--skip-cpu", action="store_true")
     ap.add_argument("--skip-gpu", action="store_true")
+    ap.add_argument("--sweep-gemv", action="store_true",
+                    help="time every GEMV config at the decode shapes (only this)")
+    ap.add_argument("--reps", type=int, default=50, help="dispatches per timed pass (sweep)")
+    ap.add_argument("--shrink", type=int, default=1, help="divide the sweep's K and N by this")
     args = ap.parse_args(argv)
+    if args.sweep_gemv:
+        gemv_sweep(args)
+        return 0
     if not args.skip_gpu:
         gpu_tables(args)
     if not args.skip_cpu:

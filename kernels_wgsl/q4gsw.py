@@ -1,9 +1,10 @@
 """linear_q4gsw and linear_q4gsw_multi on WebGPU: three kernels, routed per shape binding by the
 live M, each with either of two epilogues.
 
-    M == 1        q4gsw_coop_gemv.wgsl       64 lanes, 8 output columns per workgroup (decode);
-                                             the lanes' sums meet by subgroupAdd when the device
-                                             has subgroups, else in workgroup memory
+    M == 1        q4gsw_coop_gemv.wgsl       one workgroup of `lanes` lanes per 4, 8 or 16 output
+                                             columns (decode), built per GemvConfig; the lanes'
+                                             sums meet by subgroupAdd when the device has
+                                             subgroups, else in workgroup memory
     1 < M, small  q4gsw_steel_gemm.wgsl      64x64 tile, 16x16 threads, 4x4 per thread, BK 16
     M >= TILE128_MIN_M and enough 128x128 tiles to fill the GPU:
                   q4gsw_steel_gemm128.wgsl   128x128 tile, 256 threads, 8x8 per thread, BK 8,
@@ -38,7 +39,6 @@ from kernels_wgsl import Dispatch, groups, numel, register_wgsl, words
 
 GEMM, GEMM128, GEMV = "q4gsw_steel_gemm", "q4gsw_steel_gemm128", "q4gsw_coop_gemv"
 TILE, TILE128 = 64, 128
-GEMV_COLS = 8
 # The 128x128 tile from this M up (below it, most of its rows would be padding) and only when
 # the grid has at least this many tiles (fewer leave SMs idle that the 64x64 tile would fill).
 # H200 (132 SMs), bench/q4gsw.py: at 64 tiles the 64x64 tile wins (M 512, N 2048, K 8192:
@@ -118,23 +118,120 @@ def steel_gemm(tile: int, f16: bool, n: int, epi: Epilogue, runs) -> Dispatch:
                     prelude=PRELUDE[f16] + "\n" + epi.wgsl)
 
 
-def coop_gemv(subgroups: bool, n: int, epi: Epilogue, runs) -> Dispatch:
-    """The GEMV, its cross-lane sums by subgroupAdd or through workgroup memory."""
+# ---- the GEMV -----------------------------------------------------------------------------------
+# A chunk is `words` packed u32 words, one load; its WGSL type and widening to vec4<u32>.
+GEMV_CHUNKS = {1: ("u32", "vec4<u32>(c, 0u, 0u, 0u)"), 2: ("vec2<u32>", "vec4<u32>(c, 0u, 0u)"),
+               4: ("vec4<u32>", "c")}
+GEMV_COLS, GEMV_UNROLLS = (4, 8, 16), (1, 2, 4)
+# Routing, first guesses until bench/q4gsw.py --sweep-gemv has run on the H200: the pre-sweep
+# kernel's layout (one u32 per load, 4 chunks per lane: 64 lanes at K = 2048) and 4x its lanes
+# at K = 8192, where N = 2048 gave 256 workgroups of 64 lanes for 132 SMs (407 GB/s).
+GEMV_WORDS = 1
+GEMV_LANE_CHUNKS = 4                      # lanes = K / (8 * words * this), a power of 2 ...
+GEMV_MIN_LANES, GEMV_MAX_LANES = 64, 256  # ... within these (256: WebGPU's default limit)
+GEMV_WIDE_N = 8192                        # 8 columns per workgroup from this N, else 4
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One build of q4gsw_coop_gemv.wgsl. `words` and `lanes` split K among the lanes: with the
+    reduction they decide an output's bits, so the router picks them by K alone and a fused
+    op's columns keep their unfused bits. `cols`, `unroll` and `x_staged` only schedule the
+    work and change no bit."""
+    words: int = 1          # u32 words per weight load: 1 (u32), 2 (vec2<u32>), 4 (vec4<u32>)
+    lanes: int = 64         # lanes along K: the workgroup size, a power of 2 >= 32
+    cols: int = 8           # output columns per workgroup: 4, 8 or 16
+    unroll: int = 4         # chunks per lane whose loads a loop step issues together: 1, 2, 4
+    x_staged: bool = False  # x read through workgroup memory instead of global loads
+
+    def __post_init__(self):
+        ok = (self.words in GEMV_CHUNKS and self.cols in GEMV_COLS
+              and self.unroll in GEMV_UNROLLS and self.lanes >= 32
+              and self.lanes & (self.lanes - 1) == 0)
+        if not ok:
+            raise UnsupportedError(f"GEMV config: expected words 1/2/4, lanes a power of 2 >= 32, "
+                                   f"cols 4/8/16, unroll 1/2/4, got {self}")
+
+    @property
+    def name(self) -> str:
+        return (f"w{self.words} l{self.lanes} c{self.cols} u{self.unroll}"
+                + (" xs" if self.x_staged else ""))
+
+    def workgroup_bytes(self, subgroups: bool) -> int:
+        """Workgroup memory: the reduction's (per subgroup, or per lane and column) and x's."""
+        sums = 16 * 4 * (self.lanes // 4) if subgroups else 4 * self.cols * self.lanes
+        return sums + 16 * self.x_stage_len()
+
+    def x_stage_len(self) -> int:
+        return 2 * self.words * (self.unroll * self.lanes + 1) if self.x_staged else 1
+
+    def fits(self, gpu, subgroups: bool) -> bool:
+        limits = gpu.limits
+        return (self.lanes <= limits.get("max-compute-invocations-per-workgroup", 256)
+                and self.lanes <= limits.get("max-compute-workgroup-size-x", 256)
+                and self.workgroup_bytes(subgroups)
+                <= limits.get("max-compute-workgroup-storage-size", 16384))
+
+    def prelude(self, group_size: int) -> str:
+        chunk, widen = GEMV_CHUNKS[self.words]
+        return "\n".join([
+            f"alias wchunk = {chunk};",
+            f"fn words4(c: wchunk) -> vec4<u32> {{ return {widen}; }}",
+            f"const WORDS: u32 = {self.words}u;", f"const LANES: u32 = {self.lanes}u;",
+            f"const QUADS: u32 = {self.cols // 4}u;", f"const UNROLL: u32 = {self.unroll}u;",
+            f"const GROUP: u32 = {int(group_size)}u;",
+            f"const X_STAGED: bool = {str(self.x_staged).lower()};",
+            f"const X_STAGE_LEN: u32 = {self.x_stage_len()}u;"])
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+def gemv_layout(k: int, gpu) -> tuple:
+    """(words, lanes) for K; the device's limit on lanes falls back to 64 (fits every device)."""
+    lanes = _pow2_at_least(groups(k, 8 * GEMV_WORDS * GEMV_LANE_CHUNKS))
+    lanes = min(GEMV_MAX_LANES, max(GEMV_MIN_LANES, lanes))
+    if GemvConfig(GEMV_WORDS, lanes, 4, 1).fits(gpu, False):
+        return GEMV_WORDS, lanes
+    return GEMV_WORDS, 64
+
+
+def gemv_config(k: int, n: int, gpu, subgroups: bool) -> GemvConfig:
+    """The routed GEMV: the layout of K, 4 or 8 columns by N, as many chunks per loop step as
+    a lane has (up to 4); fewer columns where workgroup memory is short (no bit changes)."""
+    words, lanes = gemv_layout(k, gpu)
+    per_lane = groups(k // (8 * words), lanes)
+    unroll = max(u for u in GEMV_UNROLLS if u <= max(1, per_lane))
+    cols = 8 if n >= GEMV_WIDE_N else 4
+    config = GemvConfig(words, lanes, cols, unroll)
+    while not config.fits(gpu, subgroups) and config.cols > 4:
+        config = GemvConfig(words, lanes, config.cols // 2, unroll)
+    return config
+
+
+def coop_gemv(subgroups: bool, n: int, epi: Epilogue, runs, config: GemvConfig,
+              group_size: int) -> Dispatch:
+    """The GEMV of `config`, its cross-lane sums by subgroupAdd or through workgroup memory."""
 
     def sizes(ins, outs, attrs):
         m = _live_m(ins)
-        return q4_params(m, attrs, 1), (groups(n, GEMV_COLS) if runs(m, n) else 0)
+        return q4_params(m, attrs, 1), (groups(n, config.cols) if runs(m, n) else 0)
 
+    reduce = (_DIR / GEMV_REDUCE[subgroups]).read_text()
     return Dispatch(GEMV, GEMV, epi.args, epi.writes, sizes, epi.constants,
                     label=GEMV + ("_subgroup" if subgroups else ""),
-                    prelude=(_DIR / GEMV_REDUCE[subgroups]).read_text() + "\n" + epi.wgsl)
+                    prelude="\n".join([config.prelude(group_size), reduce, epi.wgsl]))
 
 
-def routed(n: int, epi: Epilogue, info) -> list:
+def routed(attrs: dict, epi: Epilogue, info) -> list:
     """Every kernel one q4gsw op of N columns may run, each live only at the M it fits:
     the GEMV at M == 1, else the 64x64 tile or, where it fits and pays, the 128x128 one."""
+    k, n, group_size = int(attrs["K"]), int(attrs["N"]), int(attrs["group_size"])
     f16 = TILES_F16 and bool(info.gpu.has_f16)
-    gemv = coop_gemv(bool(info.gpu.has_subgroups), n, epi, lambda m, n: m == 1)
+    subgroups = bool(info.gpu.has_subgroups)
+    config = gemv_config(k, n, info.gpu, subgroups)
+    gemv = coop_gemv(subgroups, n, epi, lambda m, n: m == 1, config, group_size)
     if not tile128_fits(info.gpu, f16):
         return [steel_gemm(TILE, f16, n, epi, lambda m, n: m > 1), gemv]
     small = steel_gemm(TILE, f16, n, epi, lambda m, n: m > 1 and not uses_tile128(m, n))
@@ -144,9 +241,9 @@ def routed(n: int, epi: Epilogue, info) -> list:
 @register_wgsl("linear_q4gsw")
 def linear_q4gsw(ins, outs, attrs, info):
     has_bias = len(ins) > 3 and ins[3] is not None
-    return routed(int(attrs["N"]), bias_epilogue(has_bias), info)
+    return routed(attrs, bias_epilogue(has_bias), info)
 
 
 @register_wgsl("linear_q4gsw_multi")
 def linear_q4gsw_multi(ins, outs, attrs, info):
-    return routed(int(attrs["N"]), split_epilogue(attrs["widths"]), info)
+    return routed(attrs, split_epilogue(attrs["widths"]), info)

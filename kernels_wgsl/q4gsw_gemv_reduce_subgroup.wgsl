@@ -1,11 +1,12 @@
 // Entry point of q4gsw_coop_gemv.wgsl with subgroups (the device requested "subgroup"): each
-// subgroup adds its lanes' 8 column sums in registers (subgroupAdd), its first lane parks them
-// in workgroup memory, and after one barrier lane c adds column c over the subgroups (2 on a
-// 32-wide NVIDIA subgroup, 8 on lavapipe's 8-wide ones).
+// subgroup adds its lanes' COLS column sums in registers (subgroupAdd), its first lane parks
+// them in workgroup memory, and after one barrier lane c adds column c over the subgroups in
+// order (LANES / 32 of them on NVIDIA's 32-wide subgroups). The workgroup is one column group,
+// so a subgroup never mixes columns, whatever its width.
 
-var<workgroup> subgroup_sums: array<Cols8, 64>;   // one per subgroup: at most 64
+var<workgroup> subgroup_sums: array<Acc, LANES / 4u>;   // WebGPU subgroups have >= 4 lanes
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(LANES)
 fn q4gsw_coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lane: u32,
                    @builtin(subgroup_invocation_id) sg_lane: u32,
@@ -15,7 +16,14 @@ fn q4gsw_coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         return;   // uniform per workgroup: every lane reaches the subgroupAdds
     }
     let part = lane_partials(n0, lane);
-    let sums = Cols8(subgroupAdd(part.lo), subgroupAdd(part.hi));
+    var sums = Acc(subgroupAdd(part.q0), vec4<f32>(), vec4<f32>(), vec4<f32>());
+    if (QUADS > 1u) {
+        sums.q1 = subgroupAdd(part.q1);
+    }
+    if (QUADS > 2u) {
+        sums.q2 = subgroupAdd(part.q2);
+        sums.q3 = subgroupAdd(part.q3);
+    }
     if (sg_lane == 0u) {
         subgroup_sums[sg] = sums;
     }
@@ -23,7 +31,7 @@ fn q4gsw_coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     if (lane < COLS) {
         var total = 0.0;
         for (var i = 0u; i < n_sg; i = i + 1u) {
-            total = total + col_of(subgroup_sums[i], lane);
+            total = total + acc_col(subgroup_sums[i], lane);
         }
         store_column(n0, lane, total);
     }

@@ -1,11 +1,10 @@
-// Entry point of q4gsw_coop_gemv.wgsl without subgroups: the 64 lanes' sums meet in workgroup
-// memory in two rounds (lane 8c + j adds lanes j, j+8, .., j+56 of column c, then lane c adds
-// those 8), two barriers where a tree over 64 lanes takes six.
+// Entry point of q4gsw_coop_gemv.wgsl without subgroups: the lanes' column sums meet in
+// workgroup memory by a pairwise tree, log2(LANES) rounds: in the round of width h, lane l < h
+// of column c adds lane l + h. Every round's COLS * h adds are spread over all the lanes.
 
-var<workgroup> lane_sums: array<f32, 512>;   // [column][lane]
-var<workgroup> round_sums: array<f32, 64>;   // [column][j]
+var<workgroup> lane_sums: array<f32, COLS * LANES>;   // [column][lane]
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(LANES)
 fn q4gsw_coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lane: u32) {
     let n0 = wg_linear(wid, nwg) * COLS;
@@ -14,22 +13,18 @@ fn q4gsw_coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
     let part = lane_partials(n0, lane);
     for (var c = 0u; c < COLS; c = c + 1u) {
-        lane_sums[c * LANES + lane] = col_of(part, c);
+        lane_sums[c * LANES + lane] = acc_col(part, c);
     }
-    workgroupBarrier();
-    let c = lane / 8u;
-    let j = lane % 8u;
-    var s = 0.0;
-    for (var i = 0u; i < 8u; i = i + 1u) {
-        s = s + lane_sums[c * LANES + j + 8u * i];
+    for (var h = LANES / 2u; h > 0u; h = h / 2u) {
+        workgroupBarrier();
+        let shift = countTrailingZeros(h);
+        for (var i = lane; i < COLS * h; i = i + LANES) {
+            let at = (i >> shift) * LANES + (i & (h - 1u));
+            lane_sums[at] = lane_sums[at] + lane_sums[at + h];
+        }
     }
-    round_sums[lane] = s;
     workgroupBarrier();
     if (lane < COLS) {
-        var total = 0.0;
-        for (var i = 0u; i < 8u; i = i + 1u) {
-            total = total + round_sums[lane * 8u + i];
-        }
-        store_column(n0, lane, total);
+        store_column(n0, lane, lane_sums[lane * LANES]);
     }
 }

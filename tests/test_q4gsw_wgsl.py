@@ -2,7 +2,8 @@
 dequantize-then-matmul golden as the CPU kernel. One executor per (N, K, gs, bias) with a
 dynamic M runs every M of the grid, so all three kernels and the per-binding routing are
 covered, once per device variant: f16 tiles with the subgroup GEMV, and all-f32 with the
-workgroup-memory GEMV."""
+workgroup-memory GEMV. Every GEMV config (words per load, lanes, columns, unroll, x staging) is
+tested on its own, on both reductions, and a layout's schedules and the fused op bit for bit."""
 import itertools
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import kernels_wgsl
+from delegate.errors import UnsupportedError
 from delegate.ir import Graph, Node, SymbolBinding, SymExpr, TensorValue
 from delegate.ops.q4gsw import pack_q4gsw
 from delegate.runtime.webgpu_executor import WebGpuExecutor
@@ -18,7 +20,7 @@ from kernels_wgsl import q4gsw as wq
 from tests.test_q4gsw import golden, random_q4
 from tests.tolerances import tol
 
-# Prime-ish and ragged against every tile: 64x64 and 128x128 GEMM tiles, 8 GEMV columns.
+# Prime-ish and ragged against every tile: 64x64 and 128x128 GEMM tiles, 4/8 GEMV columns.
 MS = (1, 2, 63, 64, 65, 129, 257)
 NS = (8, 36, 72, 136, 264)
 KS, GSS = (64, 256), (32, 64, 128)
@@ -265,3 +267,136 @@ def test_nan_and_inf_activations_propagate_like_eager(variant, monkeypatch, m):
         torch.testing.assert_close(got[finite].double(), want[finite], **_tol())
     finally:
         ex.destroy()
+
+
+# ---- the GEMV's configs (kernels_wgsl/q4gsw.py GemvConfig) -------------------------------------
+# Every chunk width, lanes from 32 to 256, 4/8/16 columns, unroll 1/2/4, x staged or not.
+GEMV_CONFIGS = [wq.GemvConfig(*c) for c in [
+    (1, 64, 8, 4, False), (1, 32, 4, 1, False), (1, 128, 16, 2, False), (1, 256, 4, 4, False),
+    (2, 32, 8, 4, False), (2, 64, 16, 1, True), (2, 128, 4, 2, True),
+    (4, 32, 16, 1, False), (4, 64, 4, 4, True), (4, 32, 8, 2, True)]]
+# (N, K, gs, bias): chunks per lane ragged for every width (K = 2080 = 32 * 65), N below one
+# workgroup's columns and off the scales' 4, fewer chunks than lanes, every group size.
+GEMV_SHAPES = [(37, 2080, 32, True), (13, 384, 128, False), (264, 192, 64, True),
+               (8, 64, 32, False), (20, 512, 256, True)]
+REDUCTIONS = {"subgroup": True, "workgroup": False}
+
+
+def _force_gemv(monkeypatch, pick):
+    """Route every GEMV the builders make to pick(k, n), a GemvConfig."""
+    monkeypatch.setattr(wq, "gemv_config", lambda k, n, gpu, subgroups: pick(k, n))
+
+
+def _gemv_out(graph, weights, x) -> torch.Tensor:
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        outs, times, _ = ex.execute_profiled([x])
+        assert [label.split(" ")[0] for label, _ in times] == [wq.GEMV]
+        return outs
+    finally:
+        ex.destroy()
+
+
+@pytest.mark.parametrize("reduction", list(REDUCTIONS))
+@pytest.mark.parametrize("n,k,gs,bias", GEMV_SHAPES)
+@pytest.mark.parametrize("config", GEMV_CONFIGS, ids=lambda c: c.name.replace(" ", "-"))
+def test_every_gemv_config_matches_fp64_dequant_matmul(monkeypatch, reduction, n, k, gs, bias,
+                                                       config):
+    _device_variant(monkeypatch, False, REDUCTIONS[reduction])
+    _force_gemv(monkeypatch, lambda k, n: config)
+    qdata, scale, b, weights = weights_for(n, k, gs, bias, seed=n + k)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k))
+    got = _gemv_out(q4gsw_graph(n, k, gs, bias, m_max=2), weights, x)[0]
+    torch.testing.assert_close(got.double(), golden(x, qdata, scale, gs, b),
+                               **tol("q4gsw", "webgpu-f32"))
+
+
+@pytest.mark.parametrize("reduction", list(REDUCTIONS))
+@pytest.mark.parametrize("words,lanes", [(1, 64), (2, 32), (4, 32)])
+def test_gemv_schedule_changes_no_output_bit(monkeypatch, reduction, words, lanes):
+    """cols, unroll and x staging move work between lanes' registers and loop steps, never
+    between the terms of a column's sum: one layout, one output."""
+    _device_variant(monkeypatch, False, REDUCTIONS[reduction])
+    n, k, gs = 37, 2080, 32
+    _, _, _, weights = weights_for(n, k, gs, True)
+    x = torch.randn(1, k)
+    outs = []
+    for cols, unroll, staged in [(4, 1, False), (8, 2, words > 1), (16, 4, False), (16, 1, True)]:
+        config = wq.GemvConfig(words, lanes, cols, unroll, staged)
+        _force_gemv(monkeypatch, lambda k, n: config)
+        outs.append(_gemv_out(q4gsw_graph(n, k, gs, True, m_max=2), weights, x)[0])
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def q4gsw_multi_graph(k: int, gs: int, widths):
+    """One linear_q4gsw_multi node: x [m, K] -> one output per width."""
+    g = Graph()
+    n, m = sum(widths), SymExpr("m")
+    x = g.add_value(TensorValue(torch.float32, (m, k), (2, k)))
+    packed = g.add_value(TensorValue(torch.int32, (n, k // 8), (n, k // 8), "packed"))
+    n_pad = -(-n // 4) * 4
+    scales = g.add_value(TensorValue(torch.float32, (k // gs, n_pad), (k // gs, n_pad), "scales"))
+    outs = [g.add_value(TensorValue(torch.float32, (m, w), (2, w))) for w in widths]
+    g.nodes.append(Node("linear_q4gsw_multi", [x, packed, scales], outs,
+                        {"group_size": gs, "K": k, "N": n, "widths": list(widths)}))
+    g.inputs, g.outputs = [x], outs
+    g.symbols.append(SymbolBinding("m", 0, 0))
+    return g
+
+
+@pytest.mark.parametrize("reduction", list(REDUCTIONS))
+def test_fused_gemv_on_other_columns_per_workgroup_equals_unfused(monkeypatch, reduction):
+    """The fused op's wider N may take another schedule (here 16 columns, x staged, against 4):
+    each output still has the bits of its own linear_q4gsw."""
+    _device_variant(monkeypatch, False, REDUCTIONS[reduction])
+    k, gs, widths = 2080, 32, (29, 11, 13)
+    _force_gemv(monkeypatch, lambda k, n: wq.GemvConfig(4, 32, 16 if n > 40 else 4,
+                                                        1 if n > 40 else 2, n > 40))
+    parts = [random_q4(w, k, gs, seed=i) for i, w in enumerate(widths)]
+    packed, scales = pack_q4gsw(torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]),
+                                gs)
+    x = torch.randn(1, k)
+    fused = _gemv_out(q4gsw_multi_graph(k, gs, widths), {"packed": packed, "scales": scales}, x)
+    for (q, s), got in zip(parts, fused):
+        p, sc = pack_q4gsw(q, s, gs)
+        want = _gemv_out(q4gsw_graph(len(q), k, gs, False, m_max=2),
+                         {"packed": p, "scales": sc}, x)[0]
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("k", [64, 2048, 2080, 8192, 14336])
+def test_gemv_layout_follows_k_alone(k):
+    """words and lanes fix a column's bits: every N of one K routes to the same layout."""
+    gpu = kernels_wgsl.device.get_device()
+    configs = [wq.gemv_config(k, n, gpu, sg) for n in (8, 512, 3072, 16384, 128256)
+               for sg in (False, True)]
+    assert len({(c.words, c.lanes) for c in configs}) == 1
+
+
+@pytest.mark.parametrize("k,lanes", [(64, 64), (2048, 64), (4096, 128), (8192, 256),
+                                     (14336, 256)])
+def test_gemv_lanes_grow_with_k(k, lanes):
+    gpu = kernels_wgsl.device.get_device()
+    assert wq.gemv_config(k, 2048, gpu, False).lanes == lanes
+
+
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_routed_gemv_fits_webgpus_default_limits(subgroups):
+    gpu = SimpleNamespace(limits={"max-compute-invocations-per-workgroup": 256,
+                                  "max-compute-workgroup-size-x": 256,
+                                  "max-compute-workgroup-storage-size": 16384})
+    for k, n in itertools.product((64, 2048, 8192, 65536), (8, 3072, 128256)):
+        assert wq.gemv_config(k, n, gpu, subgroups).fits(gpu, subgroups)
+
+
+def test_gemv_lanes_past_the_device_limit_fall_back_to_64():
+    gpu = SimpleNamespace(limits={"max-compute-invocations-per-workgroup": 128,
+                                  "max-compute-workgroup-size-x": 128})
+    assert wq.gemv_config(8192, 2048, gpu, True).lanes == 64
+
+
+@pytest.mark.parametrize("bad", [dict(words=3), dict(lanes=48), dict(lanes=16), dict(cols=12),
+                                 dict(unroll=3)])
+def test_gemv_config_rejects_what_the_kernel_cannot_build(bad):
+    with pytest.raises(UnsupportedError, match="GEMV config"):
+        wq.GemvConfig(**bad)
