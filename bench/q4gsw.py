@@ -361,12 +361,12 @@ SWEEP_ERROR = 1e-4         # relative to max |reference|: an f32 GEMV is ~1e-6 o
 def gemv_configs(gpu: Gpu, k: int, subgroups: bool) -> list:
     """Every GemvConfig worth timing at K on this device: no more lanes than chunks, no
     unroll past the chunks a lane has, x staged only for chunks wider than one word."""
-    from kernels_wgsl import q4gsw as wq
+    from kernels_wgsl import groups, q4gsw as wq
 
     out = []
     for words, lanes in itertools.product(wq.GEMV_CHUNKS, SWEEP_LANES):
         chunks = k // (8 * words)
-        per_lane = -(-chunks // lanes)
+        per_lane = groups(chunks, lanes)
         if lanes > max(32, chunks):
             continue
         for cols, unroll, staged in itertools.product(wq.GEMV_COLS, wq.GEMV_UNROLLS, (False, True)):

@@ -58,11 +58,11 @@ class Heads:
 
     @property
     def kp(self) -> int:
-        return -(-self.k // 4) * 4
+        return groups(self.k, 4) * 4
 
     @property
     def vp(self) -> int:
-        return -(-self.v // 4) * 4
+        return groups(self.v, 4) * 4
 
 
 @dataclass(frozen=True)

@@ -200,8 +200,6 @@ fn decay_or_one(row0: u32, t: u32, len: u32, c: u32) -> f32 {
     return 1.0;
 }
 
-// Thread c < KP: the decay prefix of channel c; Γ, Γ_L and K⊙Γ_L/Γ into the record. True when
-// the chunk needs the exact route.
 // Tokens t .. t+3 of channel c: four loads in flight at once.
 fn decay4(row0: u32, t: u32, len: u32, c: u32) -> vec4<f32> {
     return vec4<f32>(decay_or_one(row0, t, len, c), decay_or_one(row0, t + 1u, len, c),
@@ -215,6 +213,8 @@ fn key_or_zero(row0: u32, t: u32, len: u32, c: u32) -> f32 {
     return 0.0;
 }
 
+// Thread c < KP: the decay prefix of channel c; Γ, Γ_L and K⊙Γ_L/Γ into the record. True when
+// the chunk needs the exact route.
 fn decay_prefix(r: u32, row0: u32, len: u32, c: u32) -> bool {
     var g = 0.0;
     var bad = false;
