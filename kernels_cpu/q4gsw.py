@@ -1,12 +1,14 @@
 """linear_q4gsw and linear_q4gsw_multi on CPU: dequantize column tiles on the fly inside the
 thread pool.
 
-    out[m, n] = bias[n] + sum_k x[m, k] * (q[n, k] * scales[k / gs, n])
+    out[m, n] = bias[n] + sum_k x[m, k] * (q[n, k] * scales[k / gs, n])  (+ residual[m, n])
     q[n, k]   = ((packed[n, k/8] >> 4*(k%8)) & 0xF) - 8     (packed: int32 words of uint8 [N, K/2])
 
 Each worker owns a contiguous range of column tiles and one scratch slice: it unpacks a tile
 of weight rows into its slice as float32 [tile, K], scales it per group, and runs one addmm
-into out[:, tile]. Tiles are TILE_BYTES of float32, however many workers there are: every
+into out[:, tile], then, with a residual (delegate/passes/residual_add.py), one add of the
+residual's tile into it: the same torch calls as the unfused addmm and add, so the same bits.
+Tiles are TILE_BYTES of float32, however many workers there are: every
 torch call re-takes the GIL, so many small tiles convoy on it (on 16 cores, K = N = 2048 took
 32 ms in 256 KiB tiles, 10 ms in 1 MiB tiles over 16 workers, 2.4 ms in 4 MiB tiles over 4).
 No dequantized copy of the whole weight ever exists; the resident weight stays packed
@@ -85,10 +87,13 @@ def dequantize_tile(packed_u8: torch.Tensor, scales: torch.Tensor, n0: int, n1: 
     return w.view(t, k)
 
 
-def _dequant_gemm(x, packed, scales, bias, outs, k: int, gs: int, widths, scratch) -> None:
-    """outs[i][..., :] = x @ dequant(W_i)^T (+ bias), W the W_i concatenated along N."""
+def _dequant_gemm(x, packed, scales, bias, outs, k: int, gs: int, widths, scratch,
+                  residual=None) -> None:
+    """outs[i][..., :] = x @ dequant(W_i)^T (+ bias) (+ residual), W the W_i concatenated
+    along N (a residual only with one output)."""
     x2 = x.reshape(-1, k)
     out2 = [o.view(-1, w) for o, w in zip(outs, widths)]
+    res2 = None if residual is None else residual.reshape(-1, widths[0])
     packed_u8 = packed.view(torch.uint8).view(-1, k // 2)
     tiles = column_tiles(k, widths)
     pool = get_pool()
@@ -103,6 +108,8 @@ def _dequant_gemm(x, packed, scales, bias, outs, k: int, gs: int, widths, scratc
                 torch.mm(x2, w.t(), out=y)
             else:
                 torch.addmm(bias[c0:c0 + cols], x2, w.t(), out=y)
+            if res2 is not None:
+                torch.add(y, res2[:, c0:c0 + cols], out=y)
 
     pool.parallel_for(len(tiles), run)
 
@@ -110,8 +117,9 @@ def _dequant_gemm(x, packed, scales, bias, outs, k: int, gs: int, widths, scratc
 @register_kernel("linear_q4gsw", scratch_nbytes=scratch_nbytes)
 def linear_q4gsw(ins, outs, attrs, scratch):
     bias = ins[3] if len(ins) > 3 else None
+    residual = ins[4] if len(ins) > 4 else None
     _dequant_gemm(ins[0], ins[1], ins[2], bias, outs, attrs["K"], attrs["group_size"],
-                  [attrs["N"]], scratch)
+                  [attrs["N"]], scratch, residual)
 
 
 @register_kernel("linear_q4gsw_multi", scratch_nbytes=multi_scratch_nbytes)

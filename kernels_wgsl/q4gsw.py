@@ -18,11 +18,14 @@ for the same tile_t they give the same bits: the router's choice of tile changes
 Every dispatch is built once per load; `sizes` gives the ones that do not fit the live M a
 workgroup count of 0, so the executor skips them.
 Operands: x [..., K], packed int32 [N, K/8], scales float32 [K/gs, N padded to 4], bias [N] or
-absent, out [..., N]. K is a multiple of the group size (the op's check), so of 32.
+absent, optionally a residual [..., N], out [..., N]. K is a multiple of the group size (the
+op's check), so of 32.
 
 The kernels' stores go through store_output(), which the prelude supplies (one kernel body per
-kernel, whatever it writes):
-    q4gsw_epilogue_bias.wgsl   linear_q4gsw: out [..., N] (+ bias)
+kernel, whatever it writes), so the GEMV (either reduction), both GEMM tiles and every GEMV
+config take the same epilogue:
+    q4gsw_epilogue_bias.wgsl   linear_q4gsw: out [..., N] = (y + bias) + residual, each term
+                               optional (the residual: delegate/passes/residual_add.py)
     q4gsw_epilogue_split.wgsl  linear_q4gsw_multi (fused q/k/v, gate/up): the weight is the
                                outputs' concatenated along N, column n goes to the output whose
                                range holds it; outputs [..., N_i], no bias
@@ -62,10 +65,13 @@ class Epilogue:
     constants: tuple
 
 
-def bias_epilogue(has_bias: bool) -> Epilogue:
-    """linear_q4gsw: operands x, packed, scales, bias (absent: a dummy), out."""
+def bias_epilogue(has_bias: bool, has_residual: bool = False) -> Epilogue:
+    """linear_q4gsw: operands x, packed, scales, bias (absent: a dummy), then the residual
+    when the node has one, then out; binding 6 is the residual (absent: a dummy)."""
+    out = 5 if has_residual else 4
     return Epilogue((_DIR / "q4gsw_epilogue_bias.wgsl").read_text(),
-                    (0, 1, 2, 3 if has_bias else None, 4), (4,), (("HAS_BIAS", int(has_bias)),))
+                    (0, 1, 2, 3 if has_bias else None, out, 4 if has_residual else None), (out,),
+                    (("HAS_BIAS", int(has_bias)), ("HAS_RESIDUAL", int(has_residual))))
 
 
 def split_epilogue(widths) -> Epilogue:
@@ -123,12 +129,13 @@ def steel_gemm(tile: int, f16: bool, n: int, epi: Epilogue, runs) -> Dispatch:
 GEMV_CHUNKS = {1: ("u32", "vec4<u32>(c, 0u, 0u, 0u)"), 2: ("vec2<u32>", "vec4<u32>(c, 0u, 0u)"),
                4: ("vec4<u32>", "c")}
 GEMV_COLS, GEMV_UNROLLS = (4, 8, 16), (1, 2, 4)
-# Routing, first guesses until bench/q4gsw.py --sweep-gemv has run on the H200: the pre-sweep
-# kernel's layout (one u32 per load, 4 chunks per lane: 64 lanes at K = 2048) and 4x its lanes
-# at K = 8192, where N = 2048 gave 256 workgroups of 64 lanes for 132 SMs (407 GB/s).
-GEMV_WORDS = 1
+# Routing from bench/q4gsw.py --sweep-gemv on the H200 (bench/results/q4gsw_gemv_sweep_h200.txt,
+# a Llama-3.2-1B decode step's GEMVs at each layout's fastest schedule): vec2<u32> loads and
+# 4 chunks per lane, i.e. 32 lanes at K = 2048 (447.3 us against 472.9 for the old w1 l64) and
+# 128 at K = 8192 (145.6 us against 150.6 for w1 l256).
+GEMV_WORDS = 2
 GEMV_LANE_CHUNKS = 4                      # lanes = K / (8 * words * this), a power of 2 ...
-GEMV_MIN_LANES, GEMV_MAX_LANES = 64, 256  # ... within these (256: WebGPU's default limit)
+GEMV_MIN_LANES, GEMV_MAX_LANES = 32, 256  # ... within these (256: WebGPU's default limit)
 GEMV_WIDE_N = 8192                        # 8 columns per workgroup from this N, else 4
 
 
@@ -241,7 +248,8 @@ def routed(attrs: dict, epi: Epilogue, info) -> list:
 @register_wgsl("linear_q4gsw")
 def linear_q4gsw(ins, outs, attrs, info):
     has_bias = len(ins) > 3 and ins[3] is not None
-    return routed(attrs, bias_epilogue(has_bias), info)
+    has_residual = len(ins) > 4 and ins[4] is not None
+    return routed(attrs, bias_epilogue(has_bias, has_residual), info)
 
 
 @register_wgsl("linear_q4gsw_multi")

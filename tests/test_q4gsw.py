@@ -41,12 +41,12 @@ def golden(x, qdata, scale, gs, bias=None) -> torch.Tensor:
     return y if bias is None else y + bias.double()
 
 
-def run_cpu_kernel(x, qdata, scale, gs, bias=None) -> torch.Tensor:
+def run_cpu_kernel(x, qdata, scale, gs, bias=None, residual=None) -> torch.Tensor:
     n, k = qdata.shape
     packed, scales = pack_q4gsw(qdata, scale, gs)
     attrs = {"group_size": gs, "K": k, "N": n}
     kernel = kernels_cpu.get_kernel("linear_q4gsw")
-    ins = [x, packed, scales, bias]
+    ins = [x, packed, scales, bias] + ([] if residual is None else [residual])
     shapes = [None if t is None else tuple(t.shape) for t in ins]
     scratch = ScratchArena(kernel.scratch_nbytes(shapes, attrs, get_pool().num_threads))
     out = torch.empty(*x.shape[:-1], n)
@@ -99,6 +99,19 @@ def test_cpu_kernel_takes_batched_activations():
     out = run_cpu_kernel(x, qdata, scale, 64)
     assert out.shape == (2, 3, 24)
     torch.testing.assert_close(out.double(), golden(x, qdata, scale, 64), **tol("q4gsw", "cpu"))
+
+
+@pytest.mark.parametrize("m,n,k,bias", [(1, 67, 160, True), (37, 67, 160, False),
+                                        (3, 1100, 2048, True)])   # the last: 3 column tiles
+def test_cpu_kernel_residual_is_the_unfused_add_bit_for_bit(m, n, k, bias):
+    """A fifth input r (delegate/passes/residual_add.py): out = (x @ W^T + b) + r, the bits
+    of the kernel without r followed by torch.add, tile by tile."""
+    qdata, scale = random_q4(n, k, 32, seed=m)
+    g = torch.Generator().manual_seed(n)
+    x, r = torch.randn(m, k, generator=g), torch.randn(m, n, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    want = torch.add(run_cpu_kernel(x, qdata, scale, 32, b), r)
+    assert torch.equal(run_cpu_kernel(x, qdata, scale, 32, b, residual=r), want)
 
 
 def test_cpu_kernel_scratch_is_a_tile_per_worker_not_the_weight():

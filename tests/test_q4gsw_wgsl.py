@@ -36,8 +36,10 @@ GRID = ([(v,) + c for v in VARIANTS for c in CONFIGS]
 ENTRY_FOR_M = {1: wq.GEMV, 2: wq.GEMM, 63: wq.GEMM}   # M >= 64: the 128x128 tile (forced below)
 
 
-def q4gsw_graph(n: int, k: int, gs: int, bias: bool, m_max: int = M_MAX, lead=()):
-    """One linear_q4gsw node: x [*lead, m, K] (m dynamic) -> out [*lead, m, N]."""
+def q4gsw_graph(n: int, k: int, gs: int, bias: bool, m_max: int = M_MAX, lead=(),
+                residual: bool = False):
+    """One linear_q4gsw node: x [*lead, m, K] (m dynamic) -> out [*lead, m, N]; with a
+    residual, a second input r [*lead, m, N] that the op adds."""
     g = Graph()
     m = SymExpr("m")
     lead = tuple(lead)
@@ -46,10 +48,11 @@ def q4gsw_graph(n: int, k: int, gs: int, bias: bool, m_max: int = M_MAX, lead=()
     n_pad = -(-n // 4) * 4
     scales = g.add_value(TensorValue(torch.float32, (k // gs, n_pad), (k // gs, n_pad), "scales"))
     b = g.add_value(TensorValue(torch.float32, (n,), (n,), "bias")) if bias else -1
+    r = [g.add_value(TensorValue(torch.float32, lead + (m, n), lead + (m_max, n)))] * residual
     out = g.add_value(TensorValue(torch.float32, lead + (m, n), lead + (m_max, n)))
-    g.nodes.append(Node("linear_q4gsw", [x, packed, scales, b], [out],
+    g.nodes.append(Node("linear_q4gsw", [x, packed, scales, b] + r, [out],
                         {"group_size": gs, "K": k, "N": n}))
-    g.inputs, g.outputs = [x], [out]
+    g.inputs, g.outputs = [x] + r, [out]
     g.symbols.append(SymbolBinding("m", 0, len(lead)))
     return g
 
@@ -115,6 +118,26 @@ def test_wgsl_kernels_match_fp64_dequant_matmul_at_every_m(monkeypatch, variant_
                                        **_tol(variant), msg=lambda e: f"M={m}: {e}")
     finally:
         ex.destroy()
+
+
+@pytest.mark.parametrize("n,k,gs,bias", [(67, 256, 64, True), (36, 64, 32, False)])
+def test_residual_epilogue_adds_r_after_the_bias_on_every_kernel(variant, monkeypatch, n, k, gs,
+                                                                 bias):
+    """out = (y + b) + r in f32 (delegate/passes/residual_add.py): the op without r, then r
+    added in float32 on the host, bit for bit, on the GEMV and both tiles."""
+    monkeypatch.setattr(wq, "TILE128_MIN_TILES", 1)
+    _, _, _, weights = weights_for(n, k, gs, bias, seed=n)
+    plain = WebGpuExecutor(q4gsw_graph(n, k, gs, bias), weights)
+    fused = WebGpuExecutor(q4gsw_graph(n, k, gs, bias, residual=True), weights)
+    try:
+        for m in MS:
+            x, r = torch.randn(m, k), torch.randn(m, n)
+            outs, times, _ = fused.execute_profiled([x, r])
+            assert [label.split(" ")[0] for label, _ in times] == [ENTRY_FOR_M.get(m, wq.GEMM128)]
+            assert torch.equal(outs[0], plain.execute([x])[0] + r), f"M={m}"
+    finally:
+        plain.destroy()
+        fused.destroy()
 
 
 @pytest.mark.parametrize("n,k,gs", [(136, 256, 64), (36, 64, 32)])
@@ -373,11 +396,15 @@ def test_gemv_layout_follows_k_alone(k):
     assert len({(c.words, c.lanes) for c in configs}) == 1
 
 
-@pytest.mark.parametrize("k,lanes", [(64, 64), (2048, 64), (4096, 128), (8192, 256),
+# The H200 sweep's best layouts (bench/results/q4gsw_gemv_sweep_h200.txt, a Llama-3.2-1B
+# decode step): vec2<u32> loads, 32 lanes at K = 2048 (447.3 against 472.9 us for w1 l64) and
+# 128 at K = 8192 (145.6 against 150.6 us for w1 l256).
+@pytest.mark.parametrize("k,lanes", [(64, 32), (2048, 32), (4096, 64), (8192, 128),
                                      (14336, 256)])
 def test_gemv_lanes_grow_with_k(k, lanes):
     gpu = kernels_wgsl.device.get_device()
-    assert wq.gemv_config(k, 2048, gpu, False).lanes == lanes
+    config = wq.gemv_config(k, 2048, gpu, False)
+    assert (config.words, config.lanes) == (2, lanes)
 
 
 @pytest.mark.parametrize("subgroups", [False, True])
@@ -392,7 +419,7 @@ def test_routed_gemv_fits_webgpus_default_limits(subgroups):
 def test_gemv_lanes_past_the_device_limit_fall_back_to_64():
     gpu = SimpleNamespace(limits={"max-compute-invocations-per-workgroup": 128,
                                   "max-compute-workgroup-size-x": 128})
-    assert wq.gemv_config(8192, 2048, gpu, True).lanes == 64
+    assert wq.gemv_config(14336, 2048, gpu, True).lanes == 64   # routed: 256 lanes
 
 
 @pytest.mark.parametrize("bad", [dict(words=3), dict(lanes=48), dict(lanes=16), dict(cols=12),

@@ -17,6 +17,10 @@ pair lowers to one IR node whose weights stay packed, in ExecuTorch's q4gsw layo
 0.5 bytes per parameter for the nibbles plus 4/gs for the scales. Kernels:
 kernels_cpu/q4gsw.py and kernels_wgsl/q4gsw.py.
 
+linear_q4gsw takes an optional fifth input, a residual r [..., N] (emitted by
+delegate/passes/residual_add.py for `linear(x) + r`): out = (x @ W^T + b) + r, rounded as
+the linear and then the add would be, so the fused output is the unfused one bit for bit.
+
 linear_q4gsw_multi is several bias-free linear_q4gsw of one x, equal K and group size, as one
 op (emitted by delegate/passes/fuse_linear.py: q/k/v of an attention, gate/up of an MLP). Its
 weight is theirs concatenated along N (packed rows; scales columns, padded to 4 once, at the
@@ -172,12 +176,21 @@ def linear_bias(linear):
 
 
 def _lower_linear(ctx, node) -> None:
-    qdata, scale, gs = q4gsw_weight(node)
+    lower_linear_residual(ctx, node)
+
+
+def lower_linear_residual(ctx, linear, residual=None, out=None) -> None:
+    """One linear_q4gsw for the fx `linear`; with a residual, it writes `out` (the fx add it
+    absorbs) = linear + residual, and is lowered where that add stands."""
+    qdata, scale, gs = q4gsw_weight(linear)
     n, k = qdata.shape
     packed, scales = pack_q4gsw(qdata, scale, gs)
-    ins = [ctx.tensor(node.args[0]), ctx.constant(packed), ctx.constant(scales),
-           ctx.optional_tensor(linear_bias(node))]
-    ctx.emit("linear_q4gsw", ins, [ctx.output(node)], group_size=gs, K=int(k), N=int(n))
+    ins = [ctx.tensor(linear.args[0]), ctx.constant(packed), ctx.constant(scales),
+           ctx.optional_tensor(linear_bias(linear))]
+    if residual is not None:
+        ins.append(ctx.tensor(residual))
+    ctx.emit("linear_q4gsw", ins, [ctx.output(out if residual is not None else linear)],
+             group_size=gs, K=int(k), N=int(n))
 
 
 def lower_linear_multi(ctx, linears) -> None:
@@ -200,6 +213,7 @@ def _lower_nothing(ctx, node) -> None:
 def _infer_linear(in_shapes, attrs):
     x, packed, scales = in_shapes[0], in_shapes[1], in_shapes[2]
     bias = in_shapes[3] if len(in_shapes) > 3 else None
+    residual = in_shapes[4] if len(in_shapes) > 4 else None
     k, n, gs = attrs["K"], attrs["N"], attrs["group_size"]
     expect(x is not None and len(x) >= 1 and x[-1] == k, DelegateError, "linear_q4gsw input",
            f"[..., {k}]", x)
@@ -208,7 +222,10 @@ def _infer_linear(in_shapes, attrs):
     expect(tuple(scales) == (k // gs, -(-n // 4) * 4), DelegateError, "linear_q4gsw scales",
            (k // gs, -(-n // 4) * 4), tuple(scales))
     expect(bias is None or tuple(bias) == (n,), DelegateError, "linear_q4gsw bias", (n,), bias)
-    return [tuple(x[:-1]) + (n,)]
+    out = tuple(x[:-1]) + (n,)
+    expect(residual is None or tuple(residual) == out, DelegateError, "linear_q4gsw residual",
+           out, residual)
+    return [out]
 
 
 def _infer_multi(in_shapes, attrs):
@@ -230,8 +247,9 @@ def _infer_dequantize(in_shapes, attrs):
 
 
 register_op("linear_q4gsw", (), _infer_linear, _lower_linear,
-            doc="x @ dequant(W)^T + b; W packed 4-bit [N, K/2], fp32 scales per group of K",
-            attrs={"group_size": "int", "K": "int", "N": "int"}, arity=(4, 1))
+            doc="x @ dequant(W)^T + b (+ r, a fused residual add); W packed 4-bit [N, K/2], "
+                "fp32 scales per group of K",
+            attrs={"group_size": "int", "K": "int", "N": "int"}, arity=((4, 5), 1))
 register_op("linear_q4gsw_multi", (), _infer_multi, lower_linear_multi,
             doc="x @ dequant(W_i)^T for 2 or 3 bias-free q4gsw linears of one x, their weights "
                 "concatenated along N, one output each (fused q/k/v, gate/up)",

@@ -12,13 +12,14 @@ from __future__ import annotations
 from delegate.errors import DelegateError
 from delegate.passes import fold_batch_norm
 from delegate.passes import fuse_linear
+from delegate.passes import residual_add
 from delegate.passes import rms_norm
 from delegate.passes import rope
 from delegate.passes import swiglu
 
 PASSES = {"fold_batch_norm": fold_batch_norm.detect, "fuse_linear": fuse_linear.detect,
-          "swiglu": swiglu.detect, "rms_norm": rms_norm.detect,
-          "rope": rope.detect}
+          "residual_add": residual_add.detect, "swiglu": swiglu.detect,
+          "rms_norm": rms_norm.detect, "rope": rope.detect}
 SPEC_KEY = "passes"
 
 
