@@ -9,7 +9,8 @@ expressions over it, and their consumers take them as attributes (a cache write 
 (delegate/runtime/graph_plan.py), so every decode step replays one plan.
 
 Used by the partitioner (such nodes are claimed as folded: inside a partition only with all
-their users) and by preprocess (they emit nothing).
+their users) and by preprocess (they emit nothing); see `host_only` for an element that a
+kernel also reads as a tensor.
 """
 from __future__ import annotations
 
@@ -97,6 +98,17 @@ def value_of(node) -> Optional[HostValue]:
     if name == "aten.add.Tensor":
         return _add(node)
     return None
+
+
+def host_only(node) -> bool:
+    """value_of(node) is known and every reader takes it as that host value, so the node lowers
+    to nothing. An element of a position input that a kernel reads as a tensor (`input_pos[0]
+    == 0`, DeltaNet's state reset) runs as the select it is; its `.item()` readers still bind
+    their symbol from the input itself."""
+    host = value_of(node)
+    if host is None:
+        return False
+    return not isinstance(host, Element) or all(value_of(u) is not None for u in node.users)
 
 
 def expr_of(arg) -> Optional[Expr]:

@@ -64,7 +64,7 @@ class RegistrySupport(OperatorSupportBase):
             # an element of a claimed tuple (batch_norm's y) stays in its producer's partition;
             # rejecting it would cut the partition at every tuple-valued op
             return self.reason(node.args[0])
-        if host_values.value_of(node) is not None:
+        if host_values.host_only(node):
             return None   # a position or index range: folded into attributes at lowering
         pattern = export.pattern_for(node)
         if pattern is not None and kernel_exists(pattern.name, self.device):
@@ -214,7 +214,7 @@ def _own_mutated_buffers(ep) -> None:
 
 
 def _is_folded(node) -> bool:
-    if host_values.value_of(node) is not None:
+    if host_values.host_only(node):
         return True
     if node.op != "call_function" or export.pattern_for(node) is not None:
         return False

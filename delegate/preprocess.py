@@ -115,8 +115,8 @@ def _demote_in_place(graph: Graph) -> None:
 def _lower_node(ctx: LoweringContext, node) -> None:
     """A host-known integer lowers to nothing (delegate/host_values.py); a matching pattern
     rooted here wins over the node's own op."""
-    host = host_values.value_of(node)
-    if host is not None:
+    if host_values.host_only(node):
+        host = host_values.value_of(node)
         if target_name(node.target) == "aten._local_scalar_dense.default":
             src = host_values.local_scalar_source(node)
             ctx.bind_value_symbol(node, src.source, src.index)

@@ -83,6 +83,7 @@ for _name, _fn in (
     ("abs", lambda x, o: torch.abs(x, out=o)),
     ("sqrt", lambda x, o: torch.sqrt(x, out=o)),
     ("log", lambda x, o: torch.log(x, out=o)),
+    ("log1p", lambda x, o: torch.log1p(x, out=o)),
     ("ceil", lambda x, o: torch.ceil(x, out=o)),
     ("floor", lambda x, o: torch.floor(x, out=o)),
     ("sin", lambda x, o: torch.sin(x, out=o)),

@@ -26,6 +26,16 @@ def expand(ins, outs, attrs, scratch):
     _copy(outs[0], ins[0].expand(outs[0].shape))
 
 
+@register_kernel("cast")
+def cast(ins, outs, attrs, scratch):
+    _copy(outs[0], ins[0])   # copy_ converts to the output's dtype, as .to() does
+
+
+@register_kernel("copy")
+def copy(ins, outs, attrs, scratch):
+    _copy(outs[0], ins[1])   # src broadcast to dst's shape and converted to its dtype
+
+
 @register_kernel("permute")
 def permute(ins, outs, attrs, scratch):
     _copy(outs[0], ins[0].permute(*attrs["dims"]))

@@ -49,6 +49,9 @@ class Dispatch:
     # j, sized for the largest request among its dispatches; its contents live only between
     # that node's dispatches. Builders use it only when BuildInfo.scratch says it is bound.
     scratch: tuple = ()
+    # The params are the node's previous dispatch's, byte for byte at every binding: the two
+    # share one params slot, so a decode step's params prefix does not grow with them.
+    shared_params: bool = False
 
     def kinds(self) -> tuple:
         return ("uniform",) + tuple("rw" if a in self.writes else "read" for a in self.args)
@@ -167,6 +170,31 @@ def broadcast_strides(shape, out_shape) -> list:
     lead = len(out_shape) - len(shape)
     return [0 if d < lead or shape[d - lead] == 1 else own[d - lead]
             for d in range(len(out_shape))]
+
+
+def broadcast_layout(out_shape, *operands) -> list:
+    """The params tail of a kernel reading operands broadcast to `out_shape`: the shape, then
+    each operand's element strides (a None operand, a scalar: all zero), padded to MAX_RANK."""
+    zeros = [0] * len(out_shape)
+    return [padded(out_shape)] + [padded(zeros if s is None else broadcast_strides(s, out_shape))
+                                  for s in operands]
+
+
+# How a kernel reads a 4-byte element (the WebGPU executor holds int64 as i32, bool as u32
+# 0 / 1): KIND_PRELUDE declares these codes to a shader as `const KIND_<NAME>: u32`.
+ELEMENT_KINDS = {"f32": ("float32",), "i32": ("int32", "int64"), "bool": ("bool",)}
+KIND_PRELUDE = "\n".join(f"const KIND_{k.upper()}: u32 = {code}u;"
+                         for code, k in enumerate(ELEMENT_KINDS))
+
+
+def element_kind(dtype) -> int:
+    """The KIND_ code of a torch dtype or its name ("float32"); UnsupportedError otherwise."""
+    name = str(dtype).removeprefix("torch.")
+    for code, names in enumerate(ELEMENT_KINDS.values()):
+        if name in names:
+            return code
+    raise UnsupportedError(f"element dtype on WebGPU: expected one of "
+                           f"{[n for ns in ELEMENT_KINDS.values() for n in ns]}, got {name}")
 
 
 def groups(n: int, per_group: int) -> int:

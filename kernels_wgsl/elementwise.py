@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from kernels_wgsl import (Dispatch, broadcast_strides, groups, numel,
-                          padded, register_wgsl, words)
+from kernels_wgsl import (Dispatch, broadcast_layout, groups, numel, padded, register_wgsl,
+                          words)
 
 WG = 256
 BINARY = ("add", "sub", "mul", "div", "silu_mul")
@@ -26,8 +26,9 @@ def _bound(value, default: float) -> float:
 # unary op -> its scalars s0..s2 from the attributes (None: it has none)
 UNARY = {
     "neg": None, "exp": None, "sigmoid": None, "relu": None, "tanh": None, "rsqrt": None,
-    "silu": None, "gelu": None, "abs": None, "sqrt": None, "log": None, "ceil": None,
-    "floor": None, "hardswish": None, "hardsigmoid": None, "sin": None, "cos": None,
+    "silu": None, "gelu": None, "abs": None, "sqrt": None, "log": None, "log1p": None,
+    "ceil": None, "floor": None, "hardswish": None, "hardsigmoid": None, "sin": None,
+    "cos": None,
     "pow": lambda a: (float(a["exponent"]),),
     "clamp": lambda a: (_bound(a.get("min"), -math.inf), _bound(a.get("max"), math.inf)),
     "leaky_relu": lambda a: (float(a["negative_slope"]),),
@@ -44,11 +45,10 @@ def _binary_builder(name: str):
 
         def sizes(ins, outs, attrs):
             out = outs[0]
-            b_strides = broadcast_strides(ins[1], out) if has_b else [0] * len(out)
             alpha = float(attrs["alpha"]) if attrs.get("alpha") is not None else 1.0
             other = float(attrs["other"]) if attrs.get("other") is not None else 0.0
-            return (words(numel(out), len(out), alpha, other, padded(out),
-                          padded(broadcast_strides(ins[0], out)), padded(b_strides)),
+            return (words(numel(out), len(out), alpha, other,
+                          *broadcast_layout(out, ins[0], ins[1] if has_b else None)),
                     groups(numel(out), WG))
 
         return [Dispatch("elementwise", "binary", (0, 1, 2), (2,), sizes,

@@ -121,6 +121,20 @@ fn log_ieee(x: f32) -> f32 {
     return keep_nan(select(r, f32_nan(), x < 0.0), x);
 }
 
+// ln(1 + x); WGSL has no log1p. Near 0, log(1 + x) loses x's low bits to the rounding of 1 + x,
+// and WGSL bounds log's error near 1 only absolutely (2^-21), so |x| < 1/4 takes the series
+//   ln(1 + x) = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...),  s = x / (2 + x),  |s| < 1/7,
+// whose terms past s^9/9 are below 1e-9 relative. Elsewhere 1 + x is exact or rounds harmlessly,
+// and log_ieee gives -1 -> -Inf, x < -1 -> NaN, +Inf -> +Inf.
+fn log1p_ieee(x: f32) -> f32 {
+    if (abs(x) < 0.25) {
+        let s = x / (2.0 + x);
+        let s2 = s * s;
+        return 2.0 * s * (1.0 + s2 * (1.0 / 3.0 + s2 * (0.2 + s2 * (1.0 / 7.0 + s2 / 9.0))));
+    }
+    return log_ieee(1.0 + x);
+}
+
 // x^e for a scalar e, as torch: e of 0.5 and -0.5 are sqrt and rsqrt (so a negative base, -Inf
 // too, gives NaN); otherwise C's pow: e == 0 gives 1 even for NaN, a base of ±0 or ±Inf gives 0
 // or Inf by the sign of e, a negative base takes the sign of an odd integer e and gives NaN for
@@ -195,6 +209,7 @@ fn unary_op(x: f32) -> f32 {
         case OP_ABS: { return abs(x); }
         case OP_SQRT: { return sqrt_ieee(x); }
         case OP_LOG: { return log_ieee(x); }
+        case OP_LOG1P: { return log1p_ieee(x); }
         case OP_CEIL: { return keep_nan(ceil(x), x); }
         case OP_FLOOR: { return keep_nan(floor(x), x); }
         case OP_CLAMP: { return clamp_nan(x, up.s0, up.s1); }

@@ -2,12 +2,13 @@
 
 view, unsqueeze, squeeze and clone of our contiguous buffers change metadata only: they are
 registered as aliases and run no dispatch. permute, expand, slice and select are one copy each;
-cat and split are one copy per input or output piece, written at its offset.
+cat and split are one copy per input or output piece, written at its offset. cast and copy
+are one strided copy that converts each element between dtypes on the way.
 """
 from __future__ import annotations
 
-from kernels_wgsl import (Dispatch, broadcast_strides, contiguous_strides, groups, numel,
-                          padded, register_wgsl, words)
+from kernels_wgsl import (KIND_PRELUDE, Dispatch, broadcast_strides, contiguous_strides,
+                          element_kind, groups, numel, padded, register_wgsl, words)
 from delegate.shape_math import norm_dim, slice_bounds
 
 WG = 256
@@ -23,8 +24,32 @@ def copy_params(shape, src_strides, dst_strides, src_offset: int = 0, dst_offset
                   padded(dst_strides)), groups(n, WG))
 
 
-def _copy(sizes, src: int = 0, dst: int = 1, label: str = "strided_copy") -> Dispatch:
-    return Dispatch("shape", "strided_copy", (src, dst), (dst,), sizes, label=label)
+def _copy(sizes, src: int = 0, dst: int = 1, label: str = "strided_copy",
+          constants: tuple = ()) -> Dispatch:
+    return Dispatch("shape", "strided_copy", (src, dst), (dst,), sizes, constants, label=label,
+                    prelude=KIND_PRELUDE)
+
+
+def _conversion(src_dtype, dst_dtype) -> tuple:
+    """The pipeline constants of a strided copy converting src_dtype to dst_dtype."""
+    return ("SRC", element_kind(src_dtype)), ("DST", element_kind(dst_dtype))
+
+
+def _broadcast_source(ins, outs, attrs):
+    """The copy of the last input, broadcast, into the contiguous output."""
+    return copy_params(outs[0], broadcast_strides(ins[-1], outs[0]), contiguous_strides(outs[0]))
+
+
+@register_wgsl("cast")
+def cast(ins, outs, attrs, info):
+    return [_copy(_broadcast_source, 0, 1, "cast", _conversion(info.in_dtypes[0], attrs["dtype"]))]
+
+
+@register_wgsl("copy")
+def copy(ins, outs, attrs, info):
+    # dst (operand 0) gives only the shape and dtype: its values are not read
+    conversion = _conversion(info.in_dtypes[1], info.in_dtypes[0])
+    return [_copy(_broadcast_source, 1, 2, "copy", conversion)]
 
 
 @register_wgsl("permute")
@@ -39,10 +64,7 @@ def permute(ins, outs, attrs, info):
 
 @register_wgsl("expand")
 def expand(ins, outs, attrs, info):
-    def sizes(ins, outs, attrs):
-        return copy_params(outs[0], broadcast_strides(ins[0], outs[0]), contiguous_strides(outs[0]))
-
-    return [_copy(sizes, label="expand")]
+    return [_copy(_broadcast_source, label="expand")]
 
 
 @register_wgsl("slice")

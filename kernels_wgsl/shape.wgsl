@@ -1,6 +1,12 @@
 // The copy family: permute, expand, slice, select, cat and split are all one strided copy,
 //   dst[dst_offset + offset(i, dst_strides)] = src[src_offset + offset(i, src_strides)]
 // over the linear index i of `shape`. Elements move as u32 bits so copies are exact.
+// cast and copy convert each element from kind SRC to kind DST on the way (KIND_<NAME>,
+// kernels_wgsl.KIND_PRELUDE), as torch converts: bool -> 0 / 1, to bool x != 0 (NaN and -0
+// tested on the bits: NaN is true, -0 false), float -> int truncates toward 0.
+
+override SRC: u32 = 0u;
+override DST: u32 = 0u;   // == SRC: the bits as they are
 
 struct CopyParams {
     n: u32,
@@ -16,6 +22,20 @@ struct CopyParams {
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
 
+fn converted(bits: u32) -> u32 {
+    if (SRC == DST || (SRC == KIND_BOOL && DST == KIND_I32)) {
+        return bits;
+    }
+    if (DST == KIND_BOOL) {
+        let nonzero = select(bits, bits & 0x7fffffffu, SRC == KIND_F32) != 0u;
+        return select(0u, 1u, nonzero);
+    }
+    if (DST == KIND_F32) {
+        return bitcast<u32>(f32(bitcast<i32>(bits)));
+    }
+    return bitcast<u32>(i32(bitcast<f32>(bits)));
+}
+
 @compute @workgroup_size(256)
 fn strided_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -25,5 +45,6 @@ fn strided_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
     let s = p.src_offset + strided_offset(i, p.rank, p.shape, p.src_strides);
     let d = p.dst_offset + strided_offset(i, p.rank, p.shape, p.dst_strides);
-    dst[d] = src[s];
+    dst[d] = converted(src[s]);
 }
+

@@ -151,6 +151,7 @@ UNARY = {
     "abs": ({}, torch.abs, "elementwise", torch.randn),
     "sqrt": ({}, torch.sqrt, "transcendental", _operand),
     "log": ({}, torch.log, "transcendental", _operand),
+    "log1p": ({}, torch.log1p, "transcendental", lambda s: torch.rand(s) * 5 - 0.99),
     "ceil": ({}, torch.ceil, "elementwise", lambda s: torch.randn(s) * 5),
     "floor": ({}, torch.floor, "elementwise", lambda s: torch.randn(s) * 5),
     "clamp-both": ({"min": -0.5, "max": 0.75}, lambda x: x.clamp(-0.5, 0.75), "elementwise",

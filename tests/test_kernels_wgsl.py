@@ -11,9 +11,10 @@ from delegate import ops as registry
 from delegate.ir import Graph, Node, TensorValue
 from tests.tolerances import tol
 
-def single_op_graph(op: str, ins: list, attrs: dict, consts=()) -> tuple:
+def single_op_graph(op: str, ins: list, attrs: dict, consts=(), out_dtype=torch.float32) -> tuple:
     """(graph, weights, runtime inputs) for one node; inputs at positions in `consts` become
-    weights (named constants), the rest graph inputs. None is an absent optional input."""
+    weights (named constants), the rest graph inputs. None is an absent optional input;
+    out_dtype is every output's dtype."""
     g, weights, feed, ids = Graph(), {}, [], []
     for i, t in enumerate(ins):
         if t is None:
@@ -27,7 +28,7 @@ def single_op_graph(op: str, ins: list, attrs: dict, consts=()) -> tuple:
             g.inputs.append(ids[-1])
             feed.append(t)
     shapes = registry.get_op(op).infer([None if t is None else tuple(t.shape) for t in ins], attrs)
-    outs = [g.add_value(TensorValue(torch.float32, tuple(s), tuple(s))) for s in shapes]
+    outs = [g.add_value(TensorValue(out_dtype, tuple(s), tuple(s))) for s in shapes]
     g.nodes.append(Node(op, ids, outs, dict(attrs)))
     g.outputs = outs
     return g, weights, feed
@@ -95,6 +96,8 @@ UNARY = {   # case (op, then "-" and a variant) -> (attrs, float64 reference, fa
     "silu": ({}, F.silu, "transcendental", scaled(3)),
     "sqrt": ({}, torch.sqrt, "transcendental", positive),
     "log": ({}, torch.log, "transcendental", positive),
+    # both of the kernel's routes: the series for |x| < 1/4 and log(1 + x) beyond
+    "log1p": ({}, torch.log1p, "transcendental", lambda *shape: positive(*shape) * 3 - 0.99),
     "sin": ({}, torch.sin, "transcendental", scaled(10)),
     "cos": ({}, torch.cos, "transcendental", scaled(10)),
     # rotary angles: positions times frequencies, far outside [-pi, pi]
@@ -324,7 +327,8 @@ def test_every_core_op_has_a_wgsl_kernel():
             "silu", "gelu", "pow", "abs", "sqrt", "log", "ceil", "floor", "clamp", "leaky_relu",
             "elu", "hardswish", "hardsigmoid", "sin", "cos", "linear", "mm", "bmm", "addmm", "softmax", "rms_norm",
             "layer_norm", "view", "expand", "permute", "slice", "select", "cat", "split",
-            "unsqueeze", "squeeze", "clone", "embedding", "sdpa"}
+            "unsqueeze", "squeeze", "clone", "embedding", "sdpa", "log1p", "eq", "ne", "lt",
+            "le", "gt", "ge", "where", "cast", "copy"}
     assert {op for op in core if not kernels_wgsl.has_kernel(op)} == set()
 
 

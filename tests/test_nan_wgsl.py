@@ -22,13 +22,14 @@ def _seed():
     torch.manual_seed(0)
 
 
-def run_op(executor: str, op: str, ins: list, attrs: dict, consts=()) -> list:
+def run_op(executor: str, op: str, ins: list, attrs: dict, consts=(),
+           out_dtype=torch.float32) -> list:
     """One node through the executor, as test_kernels_wgsl runs it (float inputs as float32)."""
     from delegate.runtime.cpu_executor import CpuExecutor
     from delegate.runtime.webgpu_executor import WebGpuExecutor
 
     ins32 = [None if t is None else (t.float() if t.is_floating_point() else t) for t in ins]
-    graph, weights, feed = single_op_graph(op, ins32, attrs, consts)
+    graph, weights, feed = single_op_graph(op, ins32, attrs, consts, out_dtype)
     ex = (WebGpuExecutor if executor == "webgpu" else CpuExecutor)(graph, weights)
     try:
         return ex.execute(feed)
@@ -90,6 +91,7 @@ UNARY = {   # case -> (attrs, reference, family)
     "rsqrt": ({}, torch.rsqrt, "transcendental"),
     "sqrt": ({}, torch.sqrt, "transcendental"),
     "log": ({}, torch.log, "transcendental"),
+    "log1p": ({}, torch.log1p, "transcendental"),
     "silu": ({}, F.silu, "transcendental"),
     "gelu-none": ({"approximate": "none"}, F.gelu, "transcendental"),
     "gelu-tanh": ({"approximate": "tanh"}, lambda x: F.gelu(x, approximate="tanh"),
@@ -116,6 +118,32 @@ def test_unary_nan_inf_like_eager(case, executor):
     attrs, ref, family = UNARY[case]
     x = with_specials(3, 29)
     check_like_eager(run_op(executor, case.split("-")[0], [x], attrs), ref, [x], family, executor)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_log1p_edges_like_eager(executor):
+    """-1 gives -Inf, below -1 (-Inf too) NaN, +Inf stays +Inf, -0 stays -0."""
+    x = torch.tensor([-1.0, -1.5, -INF, INF, NAN, -0.0, 0.0, 1e38])
+    got = run_op(executor, "log1p", [x], {})[0]
+    want = torch.log1p(x)
+    assert torch.equal(got.isnan(), want.isnan())
+    keep = ~want.isnan()
+    torch.testing.assert_close(got[keep], want[keep], **tol("transcendental", executor))
+    assert torch.equal(got[5:7].signbit(), torch.tensor([True, False]))
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_log1p_of_tiny_x_keeps_its_relative_accuracy(executor):
+    """Where float32 log(1 + x) is 0 or off by up to 100% (1 + x rounds x away), log1p must be
+    within the relative tolerance of the float64 reference; both sides of the kernel's series
+    bound (|x| < 1/4) and the normal range too."""
+    tiny = torch.tensor([1e-30, -1e-20, 1e-10, 3e-8, -3e-8, 1e-6, -1e-5, 1e-3, -1e-3, 0.1, -0.2,
+                         0.2499, 0.25, -0.25, -0.9, 1.0, 10.0, 1e30], dtype=torch.float64)
+    x = torch.cat([tiny, -tiny[:9]]).float().double()   # float32-exact inputs
+    assert (torch.log(1 + x.float()).double() - torch.log1p(x)).abs().div(x.abs()).max() > 0.1
+    got = run_op(executor, "log1p", [x], {})[0]
+    torch.testing.assert_close(got.double(), torch.log1p(x),
+                               **tol("transcendental-relative", executor))
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)

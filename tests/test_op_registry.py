@@ -64,7 +64,8 @@ class Elementwise(nn.Module):
         a = torch.add(x, y, alpha=2) + (x - 2.5) + x * 0.5 + x / y + x / 4.0
         b = torch.sub(x, y, alpha=0.5) - torch.neg(x) + torch.exp(x) + torch.sigmoid(x)
         c = F.silu(x) + F.relu(x) + F.gelu(x) + F.gelu(x, approximate="tanh") + torch.tanh(x)
-        d = torch.abs(x) + torch.sqrt(y) + torch.log(y) + torch.ceil(x) + torch.floor(x)
+        d = torch.abs(x) + torch.sqrt(y) + torch.log(y) + torch.ceil(x) + torch.floor(x) + \
+            torch.log1p(y)
         e = x.clamp(-1, 1) + x.clamp(min=0) + F.hardtanh(x) + F.leaky_relu(x, 0.2) + F.elu(x)
         f = F.hardswish(x) + F.hardsigmoid(x) + torch.sin(x) + torch.cos(x)
         return a + b + c + d + e + f + torch.rsqrt(y) + x ** 2 + torch.pow(y, 0.5)
@@ -107,7 +108,14 @@ class Shape(nn.Module):
         return (heads, x.reshape(-1, C), x.permute(2, 0, 1), x[:, 1:, ::2], x[:, -1],
                 x[..., 1:-1], x[:, :, :1].expand(-1, -1, 5), x.unsqueeze(1).squeeze(1),
                 x.unsqueeze(0).squeeze(), x[0].t(), q + k + v, x.clone(),
-                torch.slice_scatter(x, y[:, :2], dim=1, start=3, end=5))
+                torch.slice_scatter(x, y[:, :2], dim=1, start=3, end=5), x.to(torch.int32),
+                torch.ops.aten.copy(x, y[0, :1]))
+
+
+class Comparison(nn.Module):
+    def forward(self, x, y, i):
+        return (x == y, x != 0.5, x < y, x <= 0, x > 20, x >= y, i[0] == 0, i < y,
+                torch.where(x > y, x, y))
 
 
 class Embedding(nn.Module):
@@ -171,6 +179,7 @@ FAMILIES = {
     "normalization": (Normalization, lambda: (_t(3, 7, 29),)),
     "softmax": (Softmax, lambda: (_t(3, 7, 29),)),
     "shape": (Shape, lambda: (_t(2, 7, 4), _t(2, 7, 4))),
+    "comparison": (Comparison, lambda: (_t(3, 5), _t(5), torch.randint(0, 3, (3, 5)))),
     "embedding": (Embedding, lambda: (torch.randint(0, 97, (3, 5)),
                                       torch.randint(0, 97, (3, 5), dtype=torch.int32))),
     "attention": (Attention, lambda: (_t(1, 4, 5, 8), _t(1, 4, 7, 8), _t(1, 4, 7, 6),
@@ -294,6 +303,7 @@ SAMPLE_ATTRS = {
     "softmax": {"dim": -1}, "view": {"sizes": [-1, 5]}, "expand": {"sizes": [3, -1, 5]},
     "permute": {"dims": [1, 0, 2]}, "slice": {"dim": 1, "start": 1, "end": INT_MAX, "step": 2},
     "select": {"dim": 1, "index": -1}, "cat": {"dim": 1}, "unsqueeze": {"dim": -1},
+    "cast": {"dtype": "bool"},
     "slice_scatter": {"dim": 1, "start": 2, "src_dims": []},
     "slice_scatter_": {"dim": 1, "start": 2, "src_dims": []},
     "embedding_q4gsw": {"group_size": 32, "D": 64, "V": 5},
@@ -304,7 +314,7 @@ SAMPLE_ATTRS = {
     "batch_norm": {"eps": 1e-5},
 }
 OUR_FAMILIES = ("elementwise", "linear", "normalization", "softmax", "shape", "embedding",
-                "attention", "batch_norm")
+                "attention", "batch_norm", "comparison")
 
 
 def _random_shapes(gen: torch.Generator, count: int) -> list:

@@ -155,6 +155,41 @@ def test_a_write_into_a_value_read_later_is_lowered_as_a_copy(device):
         prog.destroy()
 
 
+class ResettingState(torch.nn.Module):
+    """Gated DeltaNet's state handling (ExecuTorch's AttentionGatedDeltaNet): the state is
+    zeroed where input_pos[0] == 0 (a 0-d select of the int64 position, eq, a cast to float,
+    1 - reset, mul_), then overwritten with its next value through copy_."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("state", torch.zeros(1, 5, 3))
+
+    def forward(self, x, input_pos):
+        keep = 1.0 - (input_pos[0] == 0).to(self.state.dtype)
+        self.state[:1].mul_(keep)
+        new = self.state * 0.5 + x
+        with torch.no_grad():
+            self.state[:1].copy_(new)
+        return new * 2
+
+
+@pytest.mark.parametrize("device", EXECUTORS)
+def test_a_state_reset_at_position_0_and_its_copy_write_stay_in_the_delegate(device):
+    pm = lower(ResettingState(), (torch.randn(1, 5, 3), torch.tensor([0])), device=device)
+    assert undelegated_ops(pm) == []
+    prog = Runtime.get().load_program(pm.buffer, device=device)
+    try:
+        m = prog.load_method("forward")
+        (backend, handle), = m.delegates
+        assert backend.describe(handle)["state_bytes"] == 5 * 3 * 4
+        eager = ResettingState()
+        for pos in (0, 1, 2, 0, 3):   # the second 0 starts a new sequence: the state resets
+            a = (torch.randn(1, 5, 3), torch.tensor([pos]))
+            torch.testing.assert_close(m.execute(list(a))[0], eager(*a), **tol("model", device))
+    finally:
+        prog.destroy()
+
+
 def test_a_version_2_blob_is_refused_with_a_reexport_hint():
     data = bytearray(blob.encode(_scatter_graph(in_place=False)))
     data[4:8] = (2).to_bytes(4, "little")   # the header's version; the CRC covers the body

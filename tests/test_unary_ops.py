@@ -13,7 +13,8 @@ from tests.tolerances import tol
 
 class UnaryZoo(nn.Module):
     """clamp (both bounds, one bound, hardtanh, relu6), hardswish, hardsigmoid, abs, sqrt, log,
-    ceil, floor, leaky_relu, elu, sin and cos, after a linear so they see computed values."""
+    log1p, ceil, floor, leaky_relu, elu, sin and cos, after a linear so they see computed
+    values."""
 
     def __init__(self, dim: int = 13):
         super().__init__()
@@ -23,7 +24,7 @@ class UnaryZoo(nn.Module):
         h = self.proj(x)
         gates = F.hardswish(h) + F.hardsigmoid(h)
         clamps = h.clamp(-0.5, 0.5) + F.hardtanh(h) + F.relu6(h * 4) + h.clamp(min=0.1)
-        roots = torch.sqrt(h.abs() + 1) + torch.log(h.abs() + 1)
+        roots = torch.sqrt(h.abs() + 1) + torch.log(h.abs() + 1) + torch.log1p(h.abs())
         steps = torch.ceil(x * 3) - torch.floor(x * 3)   # on the input: exact on both sides
         negatives = F.leaky_relu(h, 0.1) + F.elu(h, alpha=0.7)
         angles = torch.sin(h * 5) * torch.cos(h * 5)

@@ -11,6 +11,10 @@ from delegate.errors import DelegateError, expect
 from delegate.shape_math import norm_dim, numel  # noqa: F401  (the op families use them)
 
 
+# The dtypes the executors hold as 4-byte elements (webgpu: int64 as i32, bool as u32 0/1):
+# copies, masks, comparisons and casts move any of them.
+FOUR_BYTE = (torch.float32, torch.int32, torch.int64, torch.bool)
+
 _CLAIMING_FOR: contextvars.ContextVar = contextvars.ContextVar("etwgpu_claiming_for", default=None)
 
 
@@ -51,6 +55,19 @@ def broadcast(*shapes) -> tuple:
     return tuple(out)
 
 
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def infer_binary(in_shapes, attrs):
+    """A binary op's output shape: its operands broadcast; b absent means the scalar `other`."""
+    one_input(in_shapes)
+    b = in_shapes[1] if len(in_shapes) > 1 else None
+    expect(b is not None or attrs.get("other") is not None, DelegateError, "binary operand",
+           "a tensor or a scalar `other`", "neither")
+    return [broadcast(in_shapes[0], b)]
+
+
 def one_input(in_shapes, count: int = 1) -> None:
     expect(len(in_shapes) >= count and all(s is not None for s in in_shapes[:count]),
            DelegateError, "inputs", f"{count} tensor shapes", in_shapes)
@@ -78,6 +95,17 @@ def float_dtypes(node) -> "str | None":
 def float_inputs(node) -> "str | None":
     """float_dtypes, and contiguous dim order (kernels index row-major buffers)."""
     return float_dtypes(node) or contiguous_inputs(node)
+
+
+def four_byte_inputs(node) -> "str | None":
+    """Reason unless every tensor argument and result is of a FOUR_BYTE dtype, in contiguous
+    dim order."""
+    vals = [a.meta["val"] for a in tensor_args(node)]
+    outs = node.meta.get("val")
+    vals += [v for v in (outs if isinstance(outs, (list, tuple)) else [outs])
+             if isinstance(v, torch.Tensor)]
+    bad = [v.dtype for v in vals if v.dtype not in FOUR_BYTE]
+    return f"dtypes {bad}: expected {FOUR_BYTE}" if bad else contiguous_inputs(node)
 
 
 def contiguous_inputs(node) -> "str | None":

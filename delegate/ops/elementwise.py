@@ -1,5 +1,6 @@
 """Elementwise ops: add, sub, mul, div (tensor or scalar operand, broadcasting), and the unary
-activations and transcendentals a transformer uses.
+activations and transcendentals a transformer uses (log1p: the softplus of Qwen3.5's DeltaNet).
+Comparisons and where, which read and write more than float32, are delegate/ops/comparison.py.
 
 A binary op's IR node has inputs [a, b] with b = -1 when the operand is a number; the number
 then travels as attribute `other`. add/sub carry `alpha` (out = a + alpha * b).
@@ -8,28 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops._common import arg, broadcast, float_dtypes, float_inputs, one_input
+from delegate.ops._common import (arg, float_dtypes, float_inputs, infer_binary, is_number,
+                                  one_input)
 
 _GELU_APPROX = ("none", "tanh")
-
-
-def _infer_binary(in_shapes, attrs):
-    one_input(in_shapes)
-    b = in_shapes[1] if len(in_shapes) > 1 else None
-    expect(b is not None or attrs.get("other") is not None, DelegateError, "binary operand",
-           "a tensor or a scalar `other`", "neither")
-    return [broadcast(in_shapes[0], b)]
 
 
 def _infer_unary(in_shapes, attrs):
     one_input(in_shapes)
     return [tuple(in_shapes[0])]
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _binary_lower(name: str, with_alpha: bool):
@@ -47,10 +36,10 @@ def _binary_lower(name: str, with_alpha: bool):
 
 def _binary_check(node):
     other, alpha = node.args[1], arg(node, 2, "alpha", 1)
-    if not isinstance(other, torch.fx.Node) and not _is_number(other):
+    if not isinstance(other, torch.fx.Node) and not is_number(other):
         return f"scalar operand: expected an int or float, got {type(other).__name__}"
     if "alpha" in node.kwargs or len(node.args) > 2:
-        if not _is_number(alpha):
+        if not is_number(alpha):
             return f"alpha: expected an int or float, got {type(alpha).__name__}"
     if node.kwargs.get("rounding_mode") is not None:
         return f"rounding_mode: expected None, got {node.kwargs['rounding_mode']!r}"
@@ -77,7 +66,7 @@ def _check_gelu(node):
 
 def _check_pow(node):
     exponent = node.args[1]
-    if not _is_number(exponent):
+    if not is_number(exponent):
         return f"exponent: expected an int or float, got {type(exponent).__name__}"
     return float_inputs(node)
 
@@ -89,7 +78,7 @@ for _name, _targets, _alpha in (
     ("div", ("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode",
              "aten.div.Scalar_mode"), False),
 ):
-    register_op(_name, _targets, _infer_binary, _binary_lower(_name, _alpha), check=_binary_check,
+    register_op(_name, _targets, infer_binary, _binary_lower(_name, _alpha), check=_binary_check,
                 attrs={"other": "float?", **({"alpha": "float"} if _alpha else {})}, arity=(2, 1),
                 doc=f"{_name} with broadcasting; scalar operand as attribute `other`"
                     + (", times alpha" if _alpha else ""))
@@ -97,8 +86,8 @@ for _name, _targets, _alpha in (
 for _name, _doc in (
     ("neg", "-x"), ("exp", "e^x"), ("sigmoid", "1 / (1 + e^-x)"), ("relu", "max(x, 0)"),
     ("tanh", "tanh(x)"), ("rsqrt", "1 / sqrt(x)"), ("abs", "|x|"), ("sqrt", "sqrt(x)"),
-    ("log", "ln(x)"), ("ceil", "ceil(x)"), ("floor", "floor(x)"), ("sin", "sin(x)"),
-    ("cos", "cos(x)"),
+    ("log", "ln(x)"), ("log1p", "ln(1 + x), accurate for small x"), ("ceil", "ceil(x)"),
+    ("floor", "floor(x)"), ("sin", "sin(x)"), ("cos", "cos(x)"),
 ):
     register_op(_name, (f"aten.{_name}.default",), _infer_unary, _unary_lower(_name),
                 check=float_inputs, doc=_doc, attrs={}, arity=(1, 1))
@@ -139,7 +128,7 @@ def _clamp_bounds(node):
 def _check_clamp(node):
     lo, hi = _clamp_bounds(node)
     for what, v in (("min", lo), ("max", hi)):
-        if v is not None and not _is_number(v):
+        if v is not None and not is_number(v):
             return f"{what}: expected an int, a float or None, got {type(v).__name__}"
     if lo is None and hi is None:
         return "bounds: expected min or max, got neither"
@@ -157,7 +146,7 @@ def _check_numbers(*params):
     def check(node):
         for i, name in params:
             v = arg(node, i, name, 0.0)
-            if not _is_number(v):
+            if not is_number(v):
                 return f"{name}: expected an int or float, got {type(v).__name__}"
         return float_inputs(node)
 

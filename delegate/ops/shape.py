@@ -1,5 +1,6 @@
 """Shape ops: view, permute (and transpose / t), slice, select, cat, expand, unsqueeze,
 squeeze, split and clone. Every one is a copy on CPU (edge has only the *_copy forms).
+cast (`.to(dtype)`) and copy (`dst.copy_(src)`) are copies that convert dtypes.
 slice_scatter writes rows at a host-known position: a KV cache's update.
 
 The shape arithmetic every family shares lives in delegate/ops/_common.py.
@@ -13,10 +14,10 @@ from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
 from delegate.ops.export import constant_value, register_pattern, target_name
 from delegate.shape_math import slice_bounds
-from delegate.ops._common import (arg, contiguous_inputs, float_inputs, norm_dim, numel,
-                                  one_input, tensor_args)
+from delegate.ops._common import (FOUR_BYTE, arg, broadcast, contiguous_inputs, float_inputs,
+                                  four_byte_inputs, norm_dim, numel, one_input)
 
-
+CAST_DTYPES = {str(d).removeprefix("torch."): d for d in FOUR_BYTE}
 
 # ---- view / expand -------------------------------------------------------------------------
 def _infer_view(in_shapes, attrs):
@@ -126,7 +127,6 @@ def _lower_select(ctx, node):
 # wherever nothing reads dst afterwards (ir.in_place_ok), so a decode step writes one row of
 # the cache instead of copying all of it. Edge forms: `cache[:, :, pos + arange(T)] = v`
 # (index_put with a host Range, delegate/host_values.py), index_copy, slice_scatter.
-_FOUR_BYTE = (torch.float32, torch.int32, torch.int64, torch.bool)
 
 
 def _infer_slice_scatter(in_shapes, attrs):
@@ -181,8 +181,8 @@ def _check_slice_scatter(node):
     fits = lead >= 0 and all(str(s) in ("1", str(w)) for s, w in zip(sv.shape, want[lead:]))
     if not fits or (lead and not all(str(w) == "1" for w in want[:lead])):
         return f"source shape {tuple(sv.shape)}: expected {tuple(want)} or broadcast to it"
-    if sv.dtype != dv.dtype or dv.dtype not in _FOUR_BYTE:
-        return f"dtypes {dv.dtype} / {sv.dtype}: expected one of {_FOUR_BYTE}, equal"
+    if sv.dtype != dv.dtype or dv.dtype not in FOUR_BYTE:
+        return f"dtypes {dv.dtype} / {sv.dtype}: expected one of {FOUR_BYTE}, equal"
     return contiguous_inputs(node)
 
 
@@ -221,13 +221,6 @@ def _only_permute_of(src, user) -> bool:
     """src is a permute_copy that only this write reads."""
     return (getattr(src, "op", None) == "call_function" and list(src.users) == [user]
             and target_name(src.target) == "aten.permute_copy.default")
-
-
-def _check_any_dtype_copy(node):
-    """A copy moves 4-byte elements whatever they hold (bools and ints too: masks, ids)."""
-    vals = [a.meta["val"] for a in tensor_args(node)] + [node.meta["val"]]
-    bad = [v.dtype for v in vals if v.dtype not in _FOUR_BYTE]
-    return f"dtypes {bad}: expected {_FOUR_BYTE}" if bad else contiguous_inputs(node)
 
 
 # ---- cat / split -------------------------------------------------------------------------------
@@ -297,7 +290,8 @@ def _lower_squeeze(ctx, node):
     ctx.emit("squeeze", [ctx.tensor(node.args[0])], [ctx.output(node)], dims=keep)
 
 
-def _check_clone(node):
+def _layout_reason(node) -> "str | None":
+    """Why a copy's requested layout is not the contiguous one our buffers hold, else None."""
     order = node.kwargs.get("dim_order")
     rank = node.meta["val"].dim()
     if order is not None and list(order) != list(range(rank)):
@@ -305,9 +299,17 @@ def _check_clone(node):
     mf = node.kwargs.get("memory_format")
     if mf not in (None, torch.contiguous_format, torch.preserve_format):
         return f"memory_format: expected contiguous, got {mf}"
-    if _constant_source(node) is not None:
-        return None   # folded into a new constant at lowering, whatever the dtypes
-    return float_inputs(node)
+    return None
+
+
+def _check_copy_of(dtypes_reason):
+    """A clone's or cast's check: the layout, then its dtypes unless it copies a weight."""
+    def check(node):
+        if _constant_source(node) is not None:
+            return _layout_reason(node)   # folded into a new constant at lowering, any dtypes
+        return _layout_reason(node) or dtypes_reason(node)
+
+    return check
 
 
 def _constant_source(node):
@@ -325,12 +327,52 @@ def _same_shape(in_shapes, attrs):
     return [tuple(in_shapes[0])]
 
 
-def _lower_clone(ctx, node):
+def _folded_constant(ctx, node) -> bool:
+    """A copy or cast of a weight becomes a new weight: no kernel, inside the delegate or out."""
     const = _constant_source(node)
-    if const is not None:   # no kernel, inside or outside the delegate, for a constant's cast
+    if const is not None:
         ctx.alias(node, ctx.constant(const.to(node.meta["val"].dtype)))
+    return const is not None
+
+
+def _lower_clone(ctx, node):
+    if not _folded_constant(ctx, node):
+        ctx.emit("clone", [ctx.tensor(node.args[0])], [ctx.output(node)])
+
+
+# ---- cast / copy: copies that convert ---------------------------------------------------------
+# cast: `.to(dtype)` (edge's _to_dim_order_copy), out = x converted to attribute `dtype`, as
+# torch converts: bool -> 0 / 1, to bool x != 0 (NaN is true), float -> int truncates.
+# copy: the functional form of `dst.copy_(src)` (a DeltaNet state write), out = src broadcast
+# to dst's shape and converted to dst's dtype; dst's values are not read. Where src already
+# has dst's shape and dtype it is the result itself and no kernel runs.
+def _infer_cast(in_shapes, attrs):
+    expect(attrs["dtype"] in CAST_DTYPES, DelegateError, "cast dtype",
+           f"one of {sorted(CAST_DTYPES)}", repr(attrs["dtype"]))
+    return _same_shape(in_shapes, attrs)
+
+
+def _lower_cast(ctx, node):
+    if not _folded_constant(ctx, node):
+        dtype = str(node.meta["val"].dtype).removeprefix("torch.")
+        ctx.emit("cast", [ctx.tensor(node.args[0])], [ctx.output(node)], dtype=dtype)
+
+
+def _infer_copy(in_shapes, attrs):
+    one_input(in_shapes, 2)
+    dst, src = tuple(in_shapes[0]), tuple(in_shapes[1])
+    expect(broadcast(dst, src) == dst, DelegateError, "copy source shape",
+           f"{dst} or a shape that broadcasts to it", src)
+    return [dst]
+
+
+def _lower_copy(ctx, node):
+    dst, src = node.args[:2]
+    dv, sv = dst.meta["val"], src.meta["val"]
+    if ctx.dims(dv.shape) == ctx.dims(sv.shape) and dv.dtype == sv.dtype:
+        ctx.alias(node, ctx.tensor(src))
         return
-    ctx.emit("clone", [ctx.tensor(node.args[0])], [ctx.output(node)])
+    ctx.emit("copy", [ctx.tensor(dst), ctx.tensor(src)], [ctx.output(node)])
 
 
 register_op("view", ("aten.view_copy.default", "aten._unsafe_view.default"), _infer_view,
@@ -344,12 +386,13 @@ register_op("permute", ("aten.permute_copy.default", "aten.transpose_copy.int",
             check=_check_float, doc="reorder dims (transpose and t lower to a permutation)",
             attrs={"dims": "ints"}, arity=(1, 1))
 register_op("slice", ("aten.slice_copy.Tensor",), _infer_slice, _lower_slice,
-            dtypes=_FOUR_BYTE, check=_check_any_dtype_copy,
+            dtypes=FOUR_BYTE, check=four_byte_inputs,
             doc="start:end:step along dim, torch clamping (any 4-byte dtype: masks too)",
             attrs={"dim": "int", "start": "symint?", "end": "symint?", "step": "int"},
             arity=(1, 1))
 register_op("select", ("aten.select_copy.int",), _infer_select, _lower_select,
-            check=_check_float, doc="index along dim (negative counts from the end)",
+            dtypes=FOUR_BYTE, check=four_byte_inputs,
+            doc="index along dim, negative from the end (any 4-byte dtype: positions too)",
             attrs={"dim": "int", "index": "symint"}, arity=(1, 1))
 register_op("cat", ("aten.cat.default",), _infer_cat, _lower_cat, check=_check_float,
             doc="concatenate any number of tensors along dim", attrs={"dim": "int"},
@@ -363,16 +406,25 @@ register_op("squeeze", ("aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
                         "aten.squeeze_copy.default"), _infer_squeeze, _lower_squeeze,
             check=_check_float, doc="drop size-1 dims", attrs={"dims": "ints"}, arity=(1, 1))
 register_op("clone", ("aten.clone.default", "aten.alias_copy.default",
-                      "dim_order_ops._clone_dim_order.default",
-                      "dim_order_ops._to_dim_order_copy.default"), _same_shape, _lower_clone,
-            check=_check_clone, doc="contiguous float32 copy", attrs={}, arity=(1, 1))
+                      "dim_order_ops._clone_dim_order.default"), _same_shape, _lower_clone,
+            check=_check_copy_of(float_inputs), doc="contiguous float32 copy", attrs={},
+            arity=(1, 1))
+register_op("cast", ("dim_order_ops._to_dim_order_copy.default", "aten._to_copy.default"),
+            _infer_cast, _lower_cast, dtypes=FOUR_BYTE,
+            check=_check_copy_of(four_byte_inputs),
+            doc="x.to(dtype) among float32, int32, int64 and bool, as torch converts",
+            attrs={"dtype": "str"}, arity=(1, 1))
+register_op("copy", ("aten.copy.default",), _infer_copy, _lower_copy, dtypes=FOUR_BYTE,
+            check=four_byte_inputs,
+            doc="functional dst.copy_(src): src broadcast to dst's shape, in dst's dtype",
+            attrs={}, arity=(2, 1))
 register_op("slice_scatter", ("aten.index_put.default", "aten.index_copy.default",
                               "aten.slice_scatter.default"),
-            _infer_slice_scatter, _lower_slice_scatter, dtypes=_FOUR_BYTE,
+            _infer_slice_scatter, _lower_slice_scatter, dtypes=FOUR_BYTE,
             check=_check_slice_scatter,
             doc="dst with rows [start, start + n) of dim replaced by src (a cache write)",
             attrs={"dim": "int", "start": "symint", "src_dims": "ints"}, arity=(2, 1))
-register_op("slice_scatter_", (), _infer_slice_scatter, _lower_slice_scatter, dtypes=_FOUR_BYTE,
+register_op("slice_scatter_", (), _infer_slice_scatter, _lower_slice_scatter, dtypes=FOUR_BYTE,
             doc="slice_scatter into dst's own buffer (emitted where nothing reads dst later)",
             attrs={"dim": "int", "start": "symint", "src_dims": "ints"}, arity=(2, 1),
             in_place=True)
