@@ -1,10 +1,12 @@
 """Scaled dot-product attention (attention.wgsl): flash attention with flash-decoding splits.
 
-Prefill: one workgroup per (batch, kv head, tile of BR query rows), K/V tiles of BC keys in
-workgroup memory, online softmax, causal key tiles above the diagonal skipped. Decode (live
-L <= DECODE_L): the keys are also split over workgroups, which write (m, l, acc) partials to a
-scratch buffer that a combine pass merges. Without executor scratch support, decode runs as
-prefill does (one pass, splits = 1).
+Prefill (`flash`): one workgroup per (batch, kv head, tile of BR query rows), K/V tiles of BC
+keys in workgroup memory, online softmax, causal key tiles above the diagonal skipped.
+Decode (`decode`, live L <= DECODE_L): one workgroup per (batch, kv head, RB query rows, split
+of the keys), one key per thread, so a short query keeps every lane busy; with several splits
+each writes an (m, l, acc) partial to scratch and `combine` merges them. Without executor
+scratch support decode takes one split. Which of the two runs is decided per execute by the
+live L; a graph whose L bound is at most DECODE_L builds only the decode kernel.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ DECODE_L = 8              # live query lengths up to this split the key range (f
 SPLIT_KEYS = 64           # aim of keys per split
 MAX_SPLITS = 64
 PARTIAL_FIELDS = 2        # (m, l) before each partial accumulator row
+DECODE_ROWS = 4           # query rows per decode workgroup: a GQA group of 4 at L = 1
+DECODE_CHUNK = 64         # decode threads, keys per chunk
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,89 @@ class FlashTile:
                           ("PARTIAL", partial)))
 
 
+@dataclass(frozen=True)
+class DecodeTile:
+    de4: int     # vec4s of a q/k row
+    dv4: int     # vec4s of a v row
+    rb: int = DECODE_ROWS
+    chunk: int = DECODE_CHUNK
+
+    @property
+    def cw(self) -> int:
+        """Column slots: the value row's vec4s rounded up to a power of 2 dividing the chunk."""
+        return min(self.chunk, 1 << max(0, self.dv4 - 1).bit_length())
+
+    def prelude(self) -> str:
+        return "\n".join(f"const {n}: u32 = {x}u;" for n, x in
+                         (("RB", self.rb), ("DE4", self.de4), ("DV4", self.dv4), ("CW", self.cw),
+                          ("KG", self.chunk // self.cw), ("CHUNK", self.chunk)))
+
+
+PREFILL_THREADS = 128
+PREFILL_TILES = ((64, 32), (32, 32), (32, 16))   # (rows, keys), the most work per barrier first
+UNUSED_TILE = (32, 16)    # the prefill arrays' sizes in a module whose prefill never runs
+
+
+@dataclass(frozen=True)
+class PrefillTile:
+    br: int      # query rows per workgroup
+    bc: int      # keys per tile
+    de4: int
+    dv4: int
+
+    @property
+    def key_groups(self) -> int:
+        return PREFILL_THREADS * 4 // self.br
+
+    @property
+    def cs(self) -> int:
+        """Keys per thread in a score block (4 rows each)."""
+        return self.bc // self.key_groups
+
+    @property
+    def oj(self) -> int:
+        """Value vec4s per thread and row."""
+        return groups(self.dv4, self.key_groups)
+
+    def bytes(self) -> int:
+        """Q (padded rows), the shared K/V region, P and the per-row factors."""
+        qs = self.de4 + 1
+        return 16 * (self.br * qs + self.bc * max(qs, self.dv4)) + 4 * self.bc * self.br \
+            + 4 * self.br
+
+    def prelude(self) -> str:
+        return "\n".join(f"const {n}: u32 = {x}u;" for n, x in
+                         (("P_BR", self.br), ("P_BC", self.bc), ("P_CS", self.cs),
+                          ("P_OJ", self.oj)))
+
+
+def prefill_tile(e: int, ev: int, storage_bytes: int) -> PrefillTile | None:
+    """The register-blocked prefill tile for head dims (e, ev), None where none fits (the
+    one-row-per-thread `flash` then runs)."""
+    for br, bc in PREFILL_TILES:
+        tile = PrefillTile(br, bc, groups(e, 4), groups(ev, 4))
+        if tile.cs >= 1 and tile.oj <= 4 and tile.bytes() <= storage_bytes:
+            return tile
+    return None
+
+
+def loaders(e: int, ev: int) -> str:
+    """WGSL: qkv_t and load_q/k/v(row, vec4 index), zeros past the head dims. vec4 loads
+    where both head dims are multiples of 4 (one unconditional load the compiler can issue
+    ahead), else 4 guarded f32 loads."""
+    vec = e % 4 == 0 and ev % 4 == 0
+    out = [f"alias qkv_t = {'vec4<f32>' if vec else 'f32'};"]
+    for name, dim, d4 in (("q", "e", "DE4"), ("k", "e", "DE4"), ("v", "ev", "DV4")):
+        if vec:
+            body = f"return select(vec4<f32>(0.0), {name}[row * {d4} + c4], c4 < {d4});"
+        else:
+            body = (f"var r = vec4<f32>(0.0); for (var i = 0u; i < 4u; i = i + 1u) {{ "
+                    f"let c = c4 * 4u + i; if (c < p.{dim}) {{ r[i] = {name}[row * p.{dim} + c]; }} }} "
+                    f"return r;")
+        out.append(f"fn load_{name}(row: u32, c4: u32) -> vec4<f32> {{ {body} }}")
+    return "\n".join(out)
+
+
 def shared_floats(g: int, vec: int, br: int, bc: int) -> int:
     """Workgroup floats: K and V tiles (bc padded rows each) plus the partial dot products."""
     return 2 * bc * g * vec * 4 + (bc * br * g if g > 1 else 0)
@@ -61,8 +148,9 @@ def flash_tile(e: int, ev: int, storage_bytes: int) -> FlashTile:
                            f"bytes of workgroup memory, got E={e}, Ev={ev}")
 
 
-def key_splits(l: int, s: int, split: bool, bc: int) -> tuple:
-    """(splits, keys per split): decode rows split the keys; everything else takes one pass."""
+def key_splits(l: int, s: int, split: bool, bc: int = DECODE_CHUNK) -> tuple:
+    """(splits, keys per split, whole multiples of bc): decode rows split the keys; everything
+    else takes one pass."""
     if not split or l > DECODE_L or s <= SPLIT_KEYS:
         return 1, max(s, 1)
     n = min(MAX_SPLITS, groups(s, SPLIT_KEYS))
@@ -70,10 +158,10 @@ def key_splits(l: int, s: int, split: bool, bc: int) -> tuple:
     return groups(s, per), per
 
 
-def partials_bytes(ins, split: bool, bc: int) -> int:
+def partials_bytes(ins, split: bool) -> int:
     """Scratch for the decode partials at the upper-bound shapes (0 when not split)."""
     (b, hq, l, _), (_, _, s, ev) = ins[0], ins[2]
-    splits, _ = key_splits(min(l, DECODE_L), s, split, bc)
+    splits, _ = key_splits(min(l, DECODE_L), s, split)
     if splits == 1:
         return 0
     return b * hq * min(l, DECODE_L) * splits * (ev + PARTIAL_FIELDS) * 4
@@ -87,26 +175,31 @@ def sdpa(ins, outs, attrs, info):
                                f"got E={q[3]}, Ev={v[3]}")
     storage = info.gpu.limits.get("max-compute-workgroup-storage-size", DEFAULT_WG_STORAGE)
     tile = flash_tile(q[3], v[3], storage)
-    scratch = partials_bytes(ins, info.scratch, tile.bc)
+    dtile = DecodeTile(groups(q[3], 4), groups(v[3], 4))
+    ptile = prefill_tile(q[3], v[3], storage)
+    scratch = partials_bytes(ins, info.scratch)
     split = scratch > 0
     mask_kind = 0 if mask is None else (1 if info.in_dtypes[3] == torch.bool else 2)
 
     def params(ins, attrs):
+        """(params, workgroups, splits) of the kernel the live L picks."""
         (b, hq, l, e), (_, hkv, s, ev) = ins[0], ins[2]
         scale = attrs.get("scale")
         scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
         mstrides = broadcast_strides(ins[3], (b, hq, l, s)) if mask is not None else [0] * 4
         n_rep = hq // hkv if hkv else 0
         keys = s if attrs.get("kv_len") is None else min(s, attrs["kv_len"])
-        splits, per = key_splits(l, keys, split, tile.bc)
-        tiles = groups(n_rep * l, tile.br)
+        splits, per = key_splits(l, keys, split) if l <= DECODE_L else (1, max(keys, 1))
+        tiles = groups(n_rep * l, dtile.rb if l <= DECODE_L else (ptile or tile).br)
         packed = words(b, hq, hkv, l, s, e, ev, n_rep, scale, tiles, splits, per,
                        keys, attrs.get("causal_offset", 0), 0, 0, mstrides)
         return packed, b * hkv * tiles * splits if ev else 0, splits
 
-    def flash_sizes(ins, outs, attrs):
-        packed, count, _ = params(ins, attrs)
-        return packed, count
+    def sizes_when(decode: bool):
+        def sizes(ins, outs, attrs):
+            packed, count, _ = params(ins, attrs)
+            return packed, count if (ins[0][2] <= DECODE_L) == decode else 0
+        return sizes
 
     def combine_sizes(ins, outs, attrs):
         packed, _, splits = params(ins, attrs)
@@ -117,11 +210,21 @@ def sdpa(ins, outs, attrs, info):
     # the partials' scratch operand; one pass never writes it, so the output stands in
     scr = len(ins) + len(outs) if split else 4
     consts = (("MASK", mask_kind), ("CAUSAL", int(bool(attrs.get("is_causal")))))
-    extra = {"prelude": tile.prelude(), "scratch": (scratch,) if split else ()}
-    flash = Dispatch("attention", "flash", (0, 1, 2, m_arg, 4, scr), (4, scr), flash_sizes,
-                     consts, label="sdpa_flash", **extra)
-    if not split:
-        return [flash]
-    combine = Dispatch("attention", "combine", (None, None, None, None, 4, scr), (4, scr),
-                       combine_sizes, consts, label="sdpa_combine", **extra)
-    return [flash, combine]
+    # every entry's constants: the module declares all three kernels' workgroup arrays (those
+    # an entry does not use cost it nothing); a prefill tile that does not fit is never run
+    placeholder = PrefillTile(*UNUSED_TILE, dtile.de4, dtile.dv4)
+    extra = {"prelude": "\n".join((tile.prelude(), dtile.prelude(),
+                                   (ptile or placeholder).prelude(), loaders(q[3], v[3]))),
+             "scratch": (scratch,) if split else ()}
+    args, writes = (0, 1, 2, m_arg, 4, scr), (4, scr)
+    kernels = [Dispatch("attention", "decode", args, writes, sizes_when(True), consts,
+                        label="sdpa_decode", **extra)]
+    if q[2] > DECODE_L:   # the L bound admits prefill
+        entry = "prefill" if ptile else "flash"
+        kernels.append(Dispatch("attention", entry, args, writes, sizes_when(False), consts,
+                                label=f"sdpa_{entry}", shared_params=True, **extra))
+    if split:
+        kernels.append(Dispatch("attention", "combine", (None, None, None, None, 4, scr), writes,
+                                combine_sizes, consts, label="sdpa_combine", shared_params=True,
+                                **extra))
+    return kernels

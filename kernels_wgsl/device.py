@@ -25,8 +25,11 @@ log = logging.getLogger("etwgpu")
 
 ADAPTER_ENV = "ETWGPU_ADAPTER"
 OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
-# Limits raised to what the adapter offers: big weights and activations need them.
-RAISED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size")
+# Limits raised to what the adapter offers: big weights and activations need the buffer sizes,
+# attention's register-blocked prefill tiles the workgroup storage (lavapipe 32 KiB, NVIDIA
+# 48 KiB, against WebGPU's default 16 KiB).
+RAISED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size",
+                 "max-compute-workgroup-storage-size")
 IDLE_PIPELINES = 64
 
 # GL (EGL) adds nothing for compute: on a CPU-only box it is a second llvmpipe adapter.

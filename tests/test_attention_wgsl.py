@@ -93,9 +93,10 @@ def test_tile_fits_default_limits(e):
 
 def test_split_scratch_is_sized_for_the_upper_bounds():
     shapes = [(1, 8, 1, 64), (1, 2, 2048, 64), (1, 2, 2048, 64), None]
-    splits, per = attention.key_splits(1, 2048, True, 16)
+    splits, per = attention.key_splits(1, 2048, True)
     assert splits * per >= 2048 and (splits - 1) * per < 2048
-    assert attention.partials_bytes(shapes, True, 16) == 8 * splits * (64 + 2) * 4
+    assert per % attention.DECODE_CHUNK == 0
+    assert attention.partials_bytes(shapes, True) == 8 * splits * (64 + 2) * 4
 
 
 # ---- prefill ----------------------------------------------------------------------------------
@@ -144,6 +145,53 @@ def test_float_mask_broadcast_over_heads_with_gqa():
     check(got, reference(q, k, v, mask, gqa=True))
 
 
+@pytest.mark.parametrize("forced", [*attention.PREFILL_TILES, None])
+@pytest.mark.parametrize("e", [5, 64, 128])
+def test_each_prefill_tile_and_the_flash_fallback(monkeypatch, forced, e):
+    """Every register-blocked tile (None: no tile, so the one-row-per-thread flash) on causal
+    GQA, ragged rows and keys, a float mask and K != V."""
+    monkeypatch.setattr(attention, "PREFILL_TILES", (forced,) if forced else ())
+    storage = kernels_wgsl.device.get_device().limits["max-compute-workgroup-storage-size"]
+    tile = attention.prefill_tile(e, e, storage)
+    if forced and tile is None:
+        pytest.skip(f"tile {forced} at E={e} needs more than this adapter's {storage} bytes")
+    entry = "prefill" if forced else "flash"
+    q, k, v = qkv(1, 8, 2, 67, 130, e)
+    got, entries = run_split([q, k, v, None], sdpa_attrs(causal=True, gqa=True))
+    assert entries == ["decode", entry, "combine"]
+    check(got, reference(q, k, v, causal=True, gqa=True))
+    q, k, v = qkv(2, 3, 3, 130, 67, e, ev=e + 3)
+    mask = rand(1, 1, 130, 67)
+    check(run_split([q, k, v, mask], sdpa_attrs())[0], reference(q, k, v, mask))
+
+
+@pytest.mark.parametrize("l", [5, 20])
+def test_a_partly_filled_cache_reads_its_kv_len_keys_at_the_causal_offset(l):
+    """A KV cache of 300 rows filled to 150: queries at positions 150 - l .. 149 see keys up to
+    their own position (decode kernel at l = 5, prefill at l = 20)."""
+    q, k, v = qkv(1, 8, 2, l, 300, 64)
+    attrs = {**sdpa_attrs(causal=True, gqa=True), "kv_len": 150, "causal_offset": 150 - l}
+    keep = torch.ones(l, 150, dtype=torch.bool).tril(150 - l)
+    want = reference(q, k[:, :, :150], v[:, :, :150], mask=keep, gqa=True)
+    for got in both_paths([q, k, v, None], attrs):
+        check(got, want)
+
+
+def test_the_dispatches_sharing_a_params_slot_pack_the_same_params():
+    """decode, prefill and combine share one params slot (Dispatch.shared_params): sound only
+    while they pack the same bytes at every live shape."""
+    gpu = kernels_wgsl.device.get_device()
+    ins, outs = [(1, 8, 64, 64), (1, 2, 300, 64), (1, 2, 300, 64), None], [(1, 8, 64, 64)]
+    attrs = {**sdpa_attrs(causal=True, gqa=True), "kv_len": 150, "causal_offset": 100}
+    specs = kernels_wgsl.get_kernel("sdpa").build(
+        ins, outs, attrs, kernels_wgsl.BuildInfo(gpu, (torch.float32,) * 3 + (None,), True))
+    assert [s.entry for s in specs] == ["decode", "prefill", "combine"]
+    assert [s.shared_params for s in specs] == [False, True, True]
+    for l in (1, 5, 8, 9, 64):
+        live = [(1, 8, l, 64)] + ins[1:]
+        assert len({s.sizes(live, outs, attrs)[0] for s in specs}) == 1
+
+
 # ---- decode -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("s", [1, 31, 257])
 def test_decode_gqa_one_query(s):
@@ -157,7 +205,7 @@ def test_decode_gqa_one_query(s):
 def test_decode_splits_2048_keys_and_combines():
     q, k, v = qkv(1, 8, 2, 1, 2048, 64)
     got, entries = run_split([q, k, v, None], sdpa_attrs(gqa=True))
-    assert entries == ["flash", "combine"]
+    assert entries == ["decode", "combine"]
     check(got, reference(q, k, v, gqa=True))
 
 

@@ -161,7 +161,10 @@ class WebGpuExecutor:
         offsets, offset = {}, 0
         self._dynamic_bytes = 0
         for i in order:
-            for j, (_, size) in enumerate(specs[i]):
+            for j, (spec, size) in enumerate(specs[i]):
+                if j and spec.shared_params:
+                    offsets[i, j] = offsets[i, j - 1]
+                    continue
                 offsets[i, j] = offset
                 offset += self._params_stride(size)
             if i in dynamic:
@@ -220,7 +223,8 @@ class WebGpuExecutor:
         """One uniform buffer holding every dispatch's params, each at an aligned offset."""
         import wgpu
 
-        total = sum(self._params_stride(size) for step in specs for _, size in step)
+        total = sum(self._params_stride(size) for step in specs
+                    for j, (spec, size) in enumerate(step) if not (j and spec.shared_params))
         return self._new_buffer(max(total, MIN_BUFFER),
                                 usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
 
