@@ -1,7 +1,11 @@
 """Scaled dot-product attention (attention.wgsl): flash attention with flash-decoding splits.
 
-Prefill (`flash`): one workgroup per (batch, kv head, tile of BR query rows), K/V tiles of BC
-keys in workgroup memory, online softmax, causal key tiles above the diagonal skipped.
+Prefill (`prefill`): one workgroup per (batch, kv head, tile of P_BR query rows), a thread per
+4 x 4 block of scores formed as outer products, K^T/V tiles of P_BC keys in workgroup memory
+with each thread's first loads fetched a phase ahead, online softmax, causal key tiles above
+the diagonal skipped; PREFILL_TILES in order, the first that fits the adapter's workgroup
+storage. Head dims where none fits (E = 256; E = 128 on 32 KiB) take `flash`, one row per
+thread group.
 Decode (`decode`, live L <= DECODE_L): one workgroup per (batch, kv head, RB query rows, split
 of the keys), one key per thread, so a short query keeps every lane busy; with several splits
 each writes an (m, l, acc) partial to scratch and `combine` merges them. Without executor
@@ -23,9 +27,10 @@ DIMS_PER_THREAD = 32      # a thread's q slice and accumulator slice stay in reg
 DEFAULT_WG_STORAGE = 16384
 DECODE_L = 8              # live query lengths up to this split the key range (flash-decoding)
 SPLIT_KEYS = 64           # aim of keys per split
-MAX_SPLITS = 64
+MAX_SPLITS = 64          # at most combine's lanes (attention.wgsl COMBINE_LANES)
 PARTIAL_FIELDS = 2        # (m, l) before each partial accumulator row
-DECODE_ROWS = 4           # query rows per decode workgroup: a GQA group of 4 at L = 1
+DECODE_ROWS = 4           # query rows per decode workgroup (a GQA group of 4 at L = 1): the
+                          # kernel holds them as the 4 components of vec4s, so exactly 4
 DECODE_CHUNK = 64         # decode threads, keys per chunk
 
 
@@ -65,9 +70,9 @@ class DecodeTile:
                           ("KG", self.chunk // self.cw), ("CHUNK", self.chunk)))
 
 
-PREFILL_THREADS = 128
-PREFILL_TILES = ((64, 32), (32, 32), (32, 16))   # (rows, keys), the most work per barrier first
-UNUSED_TILE = (32, 16)    # the prefill arrays' sizes in a module whose prefill never runs
+# (rows, keys), the most work per barrier first; a tile's threads are (rows / 4) x (keys / 4)
+PREFILL_TILES = ((64, 32), (32, 32), (16, 32))
+UNUSED_TILE = (16, 32)    # the prefill arrays' sizes in a module whose prefill never runs
 
 
 @dataclass(frozen=True)
@@ -78,28 +83,23 @@ class PrefillTile:
     dv4: int
 
     @property
-    def key_groups(self) -> int:
-        return PREFILL_THREADS * 4 // self.br
-
-    @property
-    def cs(self) -> int:
-        """Keys per thread in a score block (4 rows each)."""
-        return self.bc // self.key_groups
+    def threads(self) -> int:
+        """One per 4 x 4 block of a tile's scores."""
+        return self.br * self.bc // 16
 
     @property
     def oj(self) -> int:
-        """Value vec4s per thread and row."""
-        return groups(self.dv4, self.key_groups)
+        """Value vec4s per thread and row: the bc / 4 column groups cover a v row."""
+        return groups(self.dv4, self.bc // 4)
 
     def bytes(self) -> int:
-        """Q (padded rows), the shared K/V region, P and the per-row factors."""
-        qs = self.de4 + 1
-        return 16 * (self.br * qs + self.bc * max(qs, self.dv4)) + 4 * self.bc * self.br \
-            + 4 * self.br
+        """Q^T, the shared K^T / V region, P and the per-thread row maxima / sums."""
+        return 16 * (self.br * self.de4 + self.bc * max(self.de4, self.dv4)
+                     + self.bc * self.br // 4 + self.threads)
 
     def prelude(self) -> str:
         return "\n".join(f"const {n}: u32 = {x}u;" for n, x in
-                         (("P_BR", self.br), ("P_BC", self.bc), ("P_CS", self.cs),
+                         (("P_BR", self.br), ("P_BC", self.bc), ("P_T", self.threads),
                           ("P_OJ", self.oj)))
 
 
@@ -108,7 +108,8 @@ def prefill_tile(e: int, ev: int, storage_bytes: int) -> PrefillTile | None:
     one-row-per-thread `flash` then runs)."""
     for br, bc in PREFILL_TILES:
         tile = PrefillTile(br, bc, groups(e, 4), groups(ev, 4))
-        if tile.cs >= 1 and tile.oj <= 4 and tile.bytes() <= storage_bytes:
+        # the kernel's accumulators hold up to 4 column vec4s per row
+        if tile.oj <= 4 and tile.bytes() <= storage_bytes:
             return tile
     return None
 
@@ -124,7 +125,8 @@ def loaders(e: int, ev: int) -> str:
             body = f"return select(vec4<f32>(0.0), {name}[row * {d4} + c4], c4 < {d4});"
         else:
             body = (f"var r = vec4<f32>(0.0); for (var i = 0u; i < 4u; i = i + 1u) {{ "
-                    f"let c = c4 * 4u + i; if (c < p.{dim}) {{ r[i] = {name}[row * p.{dim} + c]; }} }} "
+                    f"let c = c4 * 4u + i; "
+                    f"if (c < p.{dim}) {{ r[i] = {name}[row * p.{dim} + c]; }} }} "
                     f"return r;")
         out.append(f"fn load_{name}(row: u32, c4: u32) -> vec4<f32> {{ {body} }}")
     return "\n".join(out)

@@ -42,8 +42,10 @@ struct SdpaParams {
 
 const DV: u32 = G * VEC;            // vec4s in one padded head row
 const THREADS: u32 = BR * G;
-const EXCLUDED: f32 = -1.0e30;      // finite stand-in for -inf: e^(EXCLUDED - m) never makes inf - inf
-const BAD: f32 = 3.0e38;            // a NaN or +inf score's stand-in: the row's max says the row is NaN
+// EXCLUDED: a finite stand-in for -inf (e^(EXCLUDED - m) never makes inf - inf); BAD: a NaN or
+// +inf score's stand-in (the row's max says the row is NaN)
+const EXCLUDED: f32 = -1.0e30;
+const BAD: f32 = 3.0e38;
 
 var<workgroup> k_tile: array<vec4<f32>, BC * DV>;
 var<workgroup> v_tile: array<vec4<f32>, BC * DV>;
@@ -60,6 +62,18 @@ fn biased(dot: f32, b: u32, h: u32, li: u32, sj: u32) -> f32 {
         } else {
             s = s + bitcast<f32>(bits);
         }
+    }
+    return s;
+}
+
+// A score as the softmax passes take it: EXCLUDED for a key past k_end, above the causal
+// diagonal or masked to -inf, BAD for a NaN or +inf score (the row is NaN), else the biased dot.
+fn masked_score(dot: f32, sj: u32, k_end: u32, b: u32, h: u32, li: u32) -> f32 {
+    var s = EXCLUDED;
+    if (sj < k_end && !(CAUSAL && sj > li + p.causal_offset)) {
+        let raw = biased(dot, b, h, li, sj);
+        s = select(raw, EXCLUDED, is_nan(raw) || raw < EXCLUDED);
+        s = select(s, BAD, is_nan(raw) || (is_inf(raw) && raw > 0.0));
     }
     return s;
 }
@@ -220,27 +234,37 @@ fn write_partial(rec: u32, g: u32, acc: ptr<function, array<vec4<f32>, VEC>>, m:
     }
 }
 
-// Prefill, register-blocked: a workgroup of 128 threads owns P_BR query rows (Q staged once)
-// and walks the keys in tiles of P_BC, K then V staged in one region. Per tile:
-//   scores:  thread (row group rg, key group ks) forms a 4 x P_CS block of S = Q K^T, rows
-//            rg + i*RG and keys ks + j*NKS (conflict-free Q reads, broadcast K reads), scaled,
-//            biased and masked, into p_pt [key][row];
-//   softmax: thread r < P_BR owns row r: its running max, sum and NaN flag, the tile's p and
-//            the rescale factor p_alpha[r] (V is staged meanwhile);
-//   values:  thread (row quad ro, column group cg) accumulates rows 4ro..4ro+3 of P V over
-//            columns cg + jj*NKS.
-// The prelude defines P_BR, P_BC, P_CS (keys per thread) and P_OJ (value vec4s per thread).
+// Prefill, register-blocked: a workgroup of P_T = (P_BR / 4) x (P_BC / 4) threads owns P_BR
+// query rows (Q staged once, transposed) and walks the keys in tiles of P_BC, K (transposed)
+// then V staged in one region. Thread (row quad rq, key quad ks) owns rows 4rq..4rq+3
+// throughout, as the 4 components of its vec4s:
+//   scores:  S[rows, keys 4ks..4ks+3] += q[:, d] k[d, :]^T over the head dims d, outer products
+//            of two vec4 loads (16 independent FMAs per d; dot products made a serial chain
+//            of 4 and left the GPU idle), scaled, biased and masked; the block's row maxima to
+//            p_red;
+//   softmax: every thread of a row quad reads the key quads' maxima, so all hold the same
+//            running max m; p = e^(s - m) goes to p_pt [key][row quad] and into the thread's
+//            own partial row sums (V is staged meanwhile);
+//   values:  acc = acc e^(m_old - m) + P V over columns cg + jj*NKS (cg = ks).
+// The partial sums meet once, at the end. A NaN or +inf score enters the max as BAD, so the
+// row's max says the row is NaN. Every register block is named vec4s (Quad, Acc), never an
+// indexed array: NVIDIA's compiler put those in local memory (1.85 ms at T = 512 on the H200).
+// The prelude defines P_BR, P_BC, P_T and P_OJ (value vec4s per thread and row, 1 to 4).
 
-const PT: u32 = 128u;
-const RG: u32 = P_BR / 4u;        // row groups (score rows) and row quads (output rows)
-const NKS: u32 = PT / RG;         // key groups of the scores, column groups of the output
-const QS: u32 = DE4 + 1u;         // padded row stride of Q and K: conflict-free row reads
-const KVS: u32 = max(QS, DV4);
+const RG: u32 = P_BR / 4u;        // row quads
+const NKS: u32 = P_BC / 4u;       // key quads of the scores, column groups of the output
+const KVR: u32 = P_BC * max(DE4, DV4);   // vec4s of the K^T / V region
 
-var<workgroup> p_q: array<vec4<f32>, P_BR * QS>;
-var<workgroup> p_kv: array<vec4<f32>, P_BC * KVS>;
-var<workgroup> p_pt: array<vec4<f32>, P_BC * RG>;   // [key][row quad]: scores, then p
-var<workgroup> p_alpha: array<f32, P_BR>;           // per row: the tile's rescale, then the sum
+var<workgroup> p_q: array<vec4<f32>, P_BR * DE4>;   // [head dim d][row quad]: Q^T
+var<workgroup> p_kv: array<vec4<f32>, KVR>;         // [d][key quad]: K^T, then [key][vec4]: V
+var<workgroup> p_pt: array<vec4<f32>, P_BC * RG>;   // [key][row quad]: p
+var<workgroup> p_red: array<vec4<f32>, P_T>;        // [ks][row quad]: block maxima, then sums
+
+// Four vec4s: a block's keys 4ks+I (components: rows), or one column vec4 of 4 rows (rI: row
+// 4rq+I).
+struct Quad { r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32> }
+// A thread's accumulator: its rows' Quad at column groups c0..c3 (those below P_OJ).
+struct Acc { c0: Quad, c1: Quad, c2: Quad, c3: Quad }
 
 fn q_row(w: Work, row: u32) -> vec3<u32> {
     // (output row, position, query head) of workgroup row `row`
@@ -249,142 +273,271 @@ fn q_row(w: Work, row: u32) -> vec3<u32> {
     return vec3<u32>((w.b * p.hq + h) * p.l + li, li, h);
 }
 
-@compute @workgroup_size(PT)
+@compute @workgroup_size(P_T)
 fn prefill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) t: u32) {
     let w = work_of(wg_linear(wid, nwg));
     let rows = p.n_rep * p.l;
     let row0 = w.tile * P_BR;
-    for (var i = t; i < P_BR * DE4; i = i + PT) {
-        let own = min(row0 + i / DE4, rows - 1u);   // rows past the end load a real row's q
-        p_q[(i / DE4) * QS + i % DE4] = load_q(q_row(w, own).x, i % DE4);
+    for (var i = t; i < P_BR * DE4; i = i + P_T) {
+        let r = i % P_BR;
+        let own = min(row0 + r, rows - 1u);   // rows past the end load a real row's q
+        store_qt(i / P_BR, r, load_q(q_row(w, own).x, i / P_BR));
     }
     var k_end = p.kv_len;
     if (CAUSAL) {
         k_end = min(k_end, (min(rows, row0 + P_BR) - 1u) / p.n_rep + 1u + p.causal_offset);
     }
     let kv_row0 = (w.b * p.hkv + w.hk) * p.s;
-    var m = EXCLUDED;
-    var total = 0.0;
-    var bad = false;
-    var acc: array<vec4<f32>, 4u * P_OJ>;
+    let rq = t % RG;
+    let ks = t / RG;
+    // the 4 rows' (position, query head), clamped to real rows like their q
+    let rows4 = min(vec4<u32>(row0 + 4u * rq) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(rows - 1u));
+    let li = rows4 / p.n_rep;
+    let hh = vec4<u32>(w.hk * p.n_rep) + rows4 % p.n_rep;
+    var m = vec4<f32>(EXCLUDED);
+    var total = vec4<f32>(0.0);   // this thread's keys' share of the row sums
+    var acc = Acc();
+    // a thread's first four loads of each stage are issued a phase ahead (K of the next tile
+    // during this tile's values, V during its scores), so their latency hides behind FMAs
+    var k_ahead = fetch4(t, 0u, k_end, kv_row0, false);
     for (var s0 = 0u; s0 < k_end; s0 = s0 + P_BC) {
         workgroupBarrier();   // the previous tile's p and V readers are done
-        for (var i = t; i < P_BC * DE4; i = i + PT) {
-            let sj = s0 + i / DE4;
-            p_kv[(i / DE4) * KVS + i % DE4] =
-                select(vec4<f32>(0.0), load_k(kv_row0 + sj, i % DE4), sj < k_end);
-        }
+        stage_rows(t, s0, k_end, kv_row0, false, k_ahead);
+        let v_ahead = fetch4(t, s0, k_end, kv_row0, true);
         workgroupBarrier();
-        prefill_scores(w, t, s0, k_end, row0, rows);
+        let sc = prefill_scores(w.b, rq, ks, s0, k_end, hh, li);
+        p_red[ks * RG + rq] = max(max(sc.r0, sc.r1), max(sc.r2, sc.r3));
         workgroupBarrier();
-        for (var i = t; i < P_BC * DV4; i = i + PT) {
-            let sj = s0 + i / DV4;
-            p_kv[(i / DV4) * KVS + i % DV4] =
-                select(vec4<f32>(0.0), load_v(kv_row0 + sj, i % DV4), sj < k_end);
+        stage_rows(t, s0, k_end, kv_row0, true, v_ahead);
+        k_ahead = fetch4(t, s0 + P_BC, k_end, kv_row0, false);
+        var m_new = m;
+        for (var g = 0u; g < NKS; g = g + 1u) {
+            m_new = max(m_new, p_red[g * RG + rq]);
         }
-        if (t < P_BR) {
-            var tile_max = EXCLUDED;
-            for (var j = 0u; j < P_BC; j = j + 1u) {
-                tile_max = max(tile_max, p_pt[j * RG + t / 4u][t % 4u]);
-            }
-            bad = bad || tile_max >= BAD;
-            let m_new = max(m, tile_max);
-            var psum = 0.0;
-            for (var j = 0u; j < P_BC; j = j + 1u) {
-                let sc = p_pt[j * RG + t / 4u][t % 4u];
-                let pj = select(exp(sc - m_new), 0.0, sc <= EXCLUDED);
-                p_pt[j * RG + t / 4u][t % 4u] = pj;
-                psum = psum + pj;
-            }
-            p_alpha[t] = exp(m - m_new);
-            total = total * p_alpha[t] + psum;
-            m = m_new;
-        }
+        let pq = prefill_probs(sc, m_new, rq, ks);
+        let alpha = exp(m - m_new);
+        total = total * alpha + pq.r0 + pq.r1 + pq.r2 + pq.r3;
+        m = m_new;
         workgroupBarrier();
-        prefill_values(&acc, t % RG, t / RG);
+        acc = prefill_values(acc, alpha, rq, ks);
     }
+    workgroupBarrier();   // the last tile's block maxima are read
+    p_red[ks * RG + rq] = total;
     workgroupBarrier();
-    if (t < P_BR) {
-        p_alpha[t] = select(total, -1.0, bad);   // a sum is never negative: -1 marks a NaN row
+    var l = vec4<f32>(0.0);
+    for (var g = 0u; g < NKS; g = g + 1u) {
+        l = l + p_red[g * RG + rq];
     }
-    workgroupBarrier();
-    prefill_write(w, &acc, t % RG, t / RG, row0, rows);
+    // a sum is never negative: -1 marks a NaN row
+    prefill_write(w, acc, select(l, vec4<f32>(-1.0), m >= vec4<f32>(BAD)), rq, ks, row0, rows);
 }
 
-// This thread's 4 x P_CS block of the tile's scores, scaled, biased and masked, into p_pt.
-fn prefill_scores(w: Work, t: u32, s0: u32, k_end: u32, row0: u32, rows: u32) {
-    let rg = t % RG;
-    let ks = t / RG;
-    var sc: array<f32, 4u * P_CS>;
+// x, vec4 c of q row j, into Q^T: element e at [4c + e][j / 4][j % 4]
+fn store_qt(c: u32, j: u32, x: vec4<f32>) {
+    let at = 4u * c * RG + j / 4u;
+    p_q[at][j % 4u] = x.x;
+    p_q[at + RG][j % 4u] = x.y;
+    p_q[at + 2u * RG][j % 4u] = x.z;
+    p_q[at + 3u * RG][j % 4u] = x.w;
+}
+
+// Key rows [s0, s0 + P_BC) of K (transposed) or of V into p_kv, zeros past k_end; `first`
+// holds this thread's first round (fetch4 at t), fetched ahead. Each round's four loads are
+// issued before any store: a load waits about a microsecond on the H200, and a loop of
+// load-then-store waited for each in turn.
+fn stage_rows(t: u32, s0: u32, k_end: u32, kv_row0: u32, is_v: bool, first: Quad) {
+    let n = P_BC * select(DE4, DV4, is_v);
+    put4(t, n, is_v, first);
+    for (var i = t + 4u * P_T; i < n; i = i + 4u * P_T) {
+        put4(i, n, is_v, fetch4(i, s0, k_end, kv_row0, is_v));
+    }
+}
+
+// Staged elements i, i + P_T, i + 2 P_T and i + 3 P_T of the tile at s0 (those past the
+// stage repeat its last element, and put4 drops them).
+fn fetch4(i: u32, s0: u32, k_end: u32, kv_row0: u32, is_v: bool) -> Quad {
+    let last = P_BC * select(DE4, DV4, is_v) - 1u;
+    return Quad(kv_elem(min(i, last), s0, k_end, kv_row0, is_v),
+                kv_elem(min(i + P_T, last), s0, k_end, kv_row0, is_v),
+                kv_elem(min(i + 2u * P_T, last), s0, k_end, kv_row0, is_v),
+                kv_elem(min(i + 3u * P_T, last), s0, k_end, kv_row0, is_v));
+}
+
+fn put4(i: u32, n: u32, is_v: bool, x: Quad) {
+    stage_store(i, n, is_v, x.r0);
+    stage_store(i + P_T, n, is_v, x.r1);
+    stage_store(i + 2u * P_T, n, is_v, x.r2);
+    stage_store(i + 3u * P_T, n, is_v, x.r3);
+}
+
+// (key in the tile, vec4 of its row) of staged element i: K walks keys fastest (its
+// transposed stores hit consecutive words), V walks the row (coalesced loads).
+fn kv_slot(i: u32, is_v: bool) -> vec2<u32> {
+    if (is_v) {
+        return vec2<u32>(i / DV4, i % DV4);
+    }
+    return vec2<u32>(i % P_BC, i / P_BC);
+}
+
+// Element i of the staged rows (a clamped real row's load, dropped past k_end: a cache's
+// unwritten rows never reach the sums).
+fn kv_elem(i: u32, s0: u32, k_end: u32, kv_row0: u32, is_v: bool) -> vec4<f32> {
+    let at = kv_slot(i, is_v);
+    let sj = s0 + at.x;
+    let row = kv_row0 + min(sj, k_end - 1u);
+    var x: vec4<f32>;
+    if (is_v) {
+        x = load_v(row, at.y);
+    } else {
+        x = load_k(row, at.y);
+    }
+    return select(vec4<f32>(0.0), x, sj < k_end);
+}
+
+fn stage_store(i: u32, n: u32, is_v: bool, x: vec4<f32>) {
+    if (i >= n) {
+        return;
+    }
+    let at = kv_slot(i, is_v);
+    if (is_v) {
+        p_kv[at.x * DV4 + at.y] = x;
+    } else {
+        let d = 4u * at.y * NKS + at.x / 4u;
+        p_kv[d][at.x % 4u] = x.x;
+        p_kv[d + NKS][at.x % 4u] = x.y;
+        p_kv[d + 2u * NKS][at.x % 4u] = x.z;
+        p_kv[d + 3u * NKS][at.x % 4u] = x.w;
+    }
+}
+
+// a + q k^T for one head dim: q the 4 rows' values, k the 4 keys'
+fn outer4(a: Quad, q: vec4<f32>, k: vec4<f32>) -> Quad {
+    return Quad(fma(q, vec4<f32>(k.x), a.r0), fma(q, vec4<f32>(k.y), a.r1),
+                fma(q, vec4<f32>(k.z), a.r2), fma(q, vec4<f32>(k.w), a.r3));
+}
+
+// This thread's 4 x 4 block of the tile's scores, masked: rJ is key 4ks+J, component I row
+// 4rq+I.
+fn prefill_scores(b: u32, rq: u32, ks: u32, s0: u32, k_end: u32, hh: vec4<u32>,
+                  li: vec4<u32>) -> Quad {
+    var a = Quad();
     for (var c = 0u; c < DE4; c = c + 1u) {
-        var qv: array<vec4<f32>, 4>;
-        for (var i = 0u; i < 4u; i = i + 1u) {
-            qv[i] = p_q[(rg + i * RG) * QS + c];
-        }
-        for (var j = 0u; j < P_CS; j = j + 1u) {
-            let kk = p_kv[(ks + j * NKS) * KVS + c];
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                sc[i * P_CS + j] = sc[i * P_CS + j] + dot(qv[i], kk);
-            }
-        }
+        let d = 4u * c;
+        a = outer4(a, p_q[d * RG + rq], p_kv[d * NKS + ks]);
+        a = outer4(a, p_q[(d + 1u) * RG + rq], p_kv[(d + 1u) * NKS + ks]);
+        a = outer4(a, p_q[(d + 2u) * RG + rq], p_kv[(d + 2u) * NKS + ks]);
+        a = outer4(a, p_q[(d + 3u) * RG + rq], p_kv[(d + 3u) * NKS + ks]);
     }
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let r = rg + i * RG;
-        let at = q_row(w, min(row0 + r, rows - 1u));
-        for (var j = 0u; j < P_CS; j = j + 1u) {
-            let kj = ks + j * NKS;
-            let sj = s0 + kj;
-            var s = EXCLUDED;
-            if (sj < k_end && !(CAUSAL && sj > at.y + p.causal_offset)) {
-                let raw = biased(sc[i * P_CS + j], w.b, at.z, at.y, sj);
-                s = select(raw, EXCLUDED, is_nan(raw) || raw < EXCLUDED);
-                s = select(s, BAD, is_nan(raw) || (is_inf(raw) && raw > 0.0));
-            }
-            p_pt[kj * RG + r / 4u][r % 4u] = s;
-        }
+    let sj = s0 + 4u * ks;
+    return Quad(row_masked(a.r0, sj, k_end, b, hh, li),
+                row_masked(a.r1, sj + 1u, k_end, b, hh, li),
+                row_masked(a.r2, sj + 2u, k_end, b, hh, li),
+                row_masked(a.r3, sj + 3u, k_end, b, hh, li));
+}
+
+// key sj's 4 row dots, masked
+fn row_masked(d: vec4<f32>, sj: u32, k_end: u32, b: u32, hh: vec4<u32>,
+              li: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(masked_score(d.x, sj, k_end, b, hh.x, li.x),
+                     masked_score(d.y, sj, k_end, b, hh.y, li.y),
+                     masked_score(d.z, sj, k_end, b, hh.z, li.z),
+                     masked_score(d.w, sj, k_end, b, hh.w, li.w));
+}
+
+fn key_probs(s: vec4<f32>, m: vec4<f32>) -> vec4<f32> {
+    return select(exp(s - m), vec4<f32>(0.0), s <= vec4<f32>(EXCLUDED));
+}
+
+// p = e^(s - m) of the block into p_pt, and returned for the row sums.
+fn prefill_probs(sc: Quad, m: vec4<f32>, rq: u32, ks: u32) -> Quad {
+    let pq = Quad(key_probs(sc.r0, m), key_probs(sc.r1, m), key_probs(sc.r2, m),
+                  key_probs(sc.r3, m));
+    let at = 4u * ks * RG + rq;
+    p_pt[at] = pq.r0;
+    p_pt[at + RG] = pq.r1;
+    p_pt[at + 2u * RG] = pq.r2;
+    p_pt[at + 3u * RG] = pq.r3;
+    return pq;
+}
+
+fn quad_scale(a: Quad, f: vec4<f32>) -> Quad {
+    return Quad(a.r0 * f.x, a.r1 * f.y, a.r2 * f.z, a.r3 * f.w);
+}
+
+// a + p_i v for rows i: the P V update of one column vec4
+fn quad_fma(a: Quad, p4: vec4<f32>, vv: vec4<f32>) -> Quad {
+    return Quad(fma(vec4<f32>(p4.x), vv, a.r0), fma(vec4<f32>(p4.y), vv, a.r1),
+                fma(vec4<f32>(p4.z), vv, a.r2), fma(vec4<f32>(p4.w), vv, a.r3));
+}
+
+// Rows 4rq..4rq+3 of acc * alpha + P V over this thread's value columns cg + jj*NKS. A column
+// past DV4 reads a real one (min) and is never written.
+fn prefill_values(acc: Acc, alpha: vec4<f32>, rq: u32, cg: u32) -> Acc {
+    var a = acc;
+    a.c0 = quad_scale(a.c0, alpha);
+    if (P_OJ > 1u) {
+        a.c1 = quad_scale(a.c1, alpha);
+    }
+    if (P_OJ > 2u) {
+        a.c2 = quad_scale(a.c2, alpha);
+    }
+    if (P_OJ > 3u) {
+        a.c3 = quad_scale(a.c3, alpha);
+    }
+    for (var j = 0u; j < P_BC; j = j + 2u) {   // two keys a step: their loads go together
+        a = key_values(key_values(a, j, rq, cg), j + 1u, rq, cg);
+    }
+    return a;
+}
+
+// a + p_j v_j over this thread's columns, for key j of the tile
+fn key_values(acc: Acc, j: u32, rq: u32, cg: u32) -> Acc {
+    var a = acc;
+    let p4 = p_pt[j * RG + rq];
+    let row = j * DV4;
+    a.c0 = quad_fma(a.c0, p4, p_kv[row + min(cg, DV4 - 1u)]);
+    if (P_OJ > 1u) {
+        a.c1 = quad_fma(a.c1, p4, p_kv[row + min(cg + NKS, DV4 - 1u)]);
+    }
+    if (P_OJ > 2u) {
+        a.c2 = quad_fma(a.c2, p4, p_kv[row + min(cg + 2u * NKS, DV4 - 1u)]);
+    }
+    if (P_OJ > 3u) {
+        a.c3 = quad_fma(a.c3, p4, p_kv[row + min(cg + 3u * NKS, DV4 - 1u)]);
+    }
+    return a;
+}
+
+// l: the rows' sums (-1: a NaN row).
+fn prefill_write(w: Work, acc: Acc, l: vec4<f32>, rq: u32, cg: u32, row0: u32, rows: u32) {
+    write_quad(w, acc.c0, l, rq, cg, row0, rows);
+    if (P_OJ > 1u) {
+        write_quad(w, acc.c1, l, rq, cg + NKS, row0, rows);
+    }
+    if (P_OJ > 2u) {
+        write_quad(w, acc.c2, l, rq, cg + 2u * NKS, row0, rows);
+    }
+    if (P_OJ > 3u) {
+        write_quad(w, acc.c3, l, rq, cg + 3u * NKS, row0, rows);
     }
 }
 
-// Rows 4ro..4ro+3 of acc = acc * alpha + P V over this thread's value columns.
-fn prefill_values(acc: ptr<function, array<vec4<f32>, 4u * P_OJ>>, ro: u32, cg: u32) {
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let alpha = p_alpha[ro * 4u + i];
-        for (var jj = 0u; jj < P_OJ; jj = jj + 1u) {
-            (*acc)[i * P_OJ + jj] = (*acc)[i * P_OJ + jj] * alpha;
-        }
-    }
-    for (var j = 0u; j < P_BC; j = j + 1u) {
-        let p4 = p_pt[j * RG + ro];
-        for (var jj = 0u; jj < P_OJ; jj = jj + 1u) {
-            let c = cg + jj * NKS;
-            if (c < DV4) {
-                let vv = p_kv[j * KVS + c];
-                for (var i = 0u; i < 4u; i = i + 1u) {
-                    (*acc)[i * P_OJ + jj] = fma(vec4<f32>(p4[i]), vv, (*acc)[i * P_OJ + jj]);
-                }
-            }
-        }
+// Column vec4 c of rows 4rq..4rq+3, normalised by each row's sum.
+fn write_quad(w: Work, a: Quad, l: vec4<f32>, rq: u32, c: u32, row0: u32, rows: u32) {
+    if (c < DV4) {
+        write_row(w, a.r0, l.x, rq * 4u, c, row0, rows);
+        write_row(w, a.r1, l.y, rq * 4u + 1u, c, row0, rows);
+        write_row(w, a.r2, l.z, rq * 4u + 2u, c, row0, rows);
+        write_row(w, a.r3, l.w, rq * 4u + 3u, c, row0, rows);
     }
 }
 
-fn prefill_write(w: Work, acc: ptr<function, array<vec4<f32>, 4u * P_OJ>>, ro: u32, cg: u32,
-                 row0: u32, rows: u32) {
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let r = ro * 4u + i;
-        if (row0 + r >= rows) {
-            return;
-        }
-        let l = p_alpha[r];
+fn write_row(w: Work, v: vec4<f32>, l: f32, r: u32, c: u32, row0: u32, rows: u32) {
+    if (row0 + r < rows) {
         let inv = select(1.0 / l, 1.0, l == 0.0);   // a fully masked row keeps acc (0 or NaN)
-        let orow = q_row(w, row0 + r).x;
-        for (var jj = 0u; jj < P_OJ; jj = jj + 1u) {
-            let c = cg + jj * NKS;
-            if (c < DV4) {
-                let o = select((*acc)[i * P_OJ + jj] * inv, vec4<f32>(f32_nan()), l < 0.0);
-                store_row(true, orow * p.ev, c, o);
-            }
-        }
+        let o = select(v * inv, vec4<f32>(f32_nan()), l < 0.0);
+        store_row(true, q_row(w, row0 + r).x * p.ev, c, o);
     }
 }
 
@@ -401,161 +554,177 @@ fn prefill_write(w: Work, acc: ptr<function, array<vec4<f32>, 4u * P_OJ>>, ro: u
 
 const KPG: u32 = CHUNK / KG;   // keys per key group
 
-var<workgroup> d_q: array<vec4<f32>, RB * DE4>;
-var<workgroup> d_p: array<f32, RB * CHUNK>;      // [row][key]: scores, then p
-var<workgroup> d_red: array<f32, RB * CHUNK>;    // [row][key]: the max tree
+// The RB = 4 rows live side by side in vec4s (component r: row r), and the accumulators are
+// named (Quad), never indexed arrays, which NVIDIA's compiler put in local memory.
+var<workgroup> d_q: array<vec4<f32>, RB * DE4>;       // [row][vec4 of the head dims]
+var<workgroup> d_p: array<vec4<f32>, CHUNK>;          // [key]: the rows' scores, then p
+var<workgroup> d_red: array<vec4<f32>, CHUNK>;        // [key]: the max tree
 var<workgroup> d_acc: array<vec4<f32>, RB * CHUNK>;   // [kg][row][column slot] at the end
-var<workgroup> d_l: array<f32, RB * KG>;
+var<workgroup> d_l: array<vec4<f32>, KG>;             // [kg]: the rows' sums at the end
 
 @compute @workgroup_size(CHUNK)
 fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
     let w = work_of(wg_linear(wid, nwg));
     let rows = p.n_rep * p.l;
-    var orow: array<u32, RB>;
-    var li: array<u32, RB>;
-    var hh: array<u32, RB>;
-    for (var r = 0u; r < RB; r = r + 1u) {
-        let own = min(w.tile * RB + r, rows - 1u);   // rows past the end repeat a real row
-        li[r] = own / p.n_rep;
-        hh[r] = w.hk * p.n_rep + own % p.n_rep;
-        orow[r] = (w.b * p.hq + hh[r]) * p.l + li[r];
-    }
+    // rows past the end repeat a real row
+    let own = min(vec4<u32>(w.tile * RB) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(rows - 1u));
+    let li = own / p.n_rep;
+    let hh = vec4<u32>(w.hk * p.n_rep) + own % p.n_rep;
+    let orow = (vec4<u32>(w.b * p.hq) + hh) * p.l + li;
     for (var i = t; i < RB * DE4; i = i + CHUNK) {
         d_q[i] = load_q(orow[i / DE4], i % DE4);
     }
     let k_begin = w.split * p.split_len;
     var k_end = min(p.kv_len, k_begin + p.split_len);
     if (CAUSAL) {
-        k_end = min(k_end, li[RB - 1u] + 1u + p.causal_offset);
+        k_end = min(k_end, li.w + 1u + p.causal_offset);
     }
     let kv_row0 = (w.b * p.hkv + w.hk) * p.s;
     let c = t % CW;
     let kg = t / CW;
-    var m: array<f32, RB>;
-    var total: array<f32, RB>;
-    var acc: array<vec4<f32>, RB>;
-    for (var r = 0u; r < RB; r = r + 1u) {
-        m[r] = EXCLUDED;
-    }
+    var m = vec4<f32>(EXCLUDED);
+    var total = vec4<f32>(0.0);
+    var acc = Quad();
     for (var s0 = k_begin; s0 < k_end; s0 = s0 + CHUNK) {
         workgroupBarrier();   // q staged; the previous chunk's p readers are done
-        decode_scores(s0 + t, k_end, kv_row0, w.b, &hh, &li);
+        decode_scores(s0 + t, t, k_end, kv_row0, w.b, hh, li);
         workgroupBarrier();
         for (var half = CHUNK / 2u; half > 0u; half = half / 2u) {
-            decode_max_step(t, half);
+            if (t < half) {
+                d_red[t] = max(d_red[t], d_red[t + half]);
+            }
             workgroupBarrier();
         }
-        var m_new: array<f32, RB>;
-        for (var r = 0u; r < RB; r = r + 1u) {
-            m_new[r] = max(m[r], d_red[r * CHUNK]);
-        }
-        decode_exps(t, &m_new);
+        let m_new = max(m, d_red[0]);
+        let s = d_p[t];
+        d_p[t] = select(exp(s - m_new), vec4<f32>(0.0), s <= vec4<f32>(EXCLUDED));
         workgroupBarrier();
-        for (var r = 0u; r < RB; r = r + 1u) {
-            let rescale = exp(m[r] - m_new[r]);
-            acc[r] = acc[r] * rescale;
-            total[r] = total[r] * rescale;
-            m[r] = m_new[r];
-        }
+        let rescale = exp(m - m_new);
+        acc = quad_scale(acc, rescale);
+        total = total * rescale;
+        m = m_new;
         if (c < DV4) {
-            for (var jj = 0u; jj < KPG; jj = jj + 1u) {
-                let j = kg * KPG + jj;
-                if (s0 + j < k_end) {
-                    let vv = load_v(kv_row0 + s0 + j, c);
-                    for (var r = 0u; r < RB; r = r + 1u) {
-                        let pj = d_p[r * CHUNK + j];
-                        acc[r] = fma(vec4<f32>(pj), vv, acc[r]);
-                        total[r] = total[r] + pj;
-                    }
-                }
+            for (var jj = 0u; jj < KPG; jj = jj + 4u) {
+                let j = s0 + kg * KPG + jj;   // keys j .. j+3 of this group, loads in flight
+                let last = min(s0 + kg * KPG + KPG, k_end);
+                let v0 = decode_v(kv_row0, j, last, c);
+                let v1 = decode_v(kv_row0, j + 1u, last, c);
+                let v2 = decode_v(kv_row0, j + 2u, last, c);
+                let v3 = decode_v(kv_row0, j + 3u, last, c);
+                acc = decode_pv(acc, &total, j, last, v0);
+                acc = decode_pv(acc, &total, j + 1u, last, v1);
+                acc = decode_pv(acc, &total, j + 2u, last, v2);
+                acc = decode_pv(acc, &total, j + 3u, last, v3);
             }
         }
     }
-    decode_finish(w, t, c, kg, rows, &orow, &m, &total, &acc);
+    decode_finish(w, c, kg, rows, orow, m, total, acc);
 }
 
-// Thread t's key: its score against each staged row, biased and causal-masked, into d_p.
-fn decode_scores(sj: u32, k_end: u32, kv_row0: u32, b: u32, hh: ptr<function, array<u32, RB>>,
-                 li: ptr<function, array<u32, RB>>) {
-    let j = sj % CHUNK;
-    var sc: array<f32, RB>;
+// The 4 staged rows' dots with vec4 c of a key (0 past DE4, whatever the q rows hold).
+fn row_dots(c: u32, kk: vec4<f32>) -> vec4<f32> {
+    let i = min(c, DE4 - 1u);
+    let d = vec4<f32>(dot(d_q[i], kk), dot(d_q[DE4 + i], kk), dot(d_q[2u * DE4 + i], kk),
+                      dot(d_q[3u * DE4 + i], kk));
+    return select(vec4<f32>(0.0), d, c < DE4);
+}
+
+// Key sj's (thread t's) scores against the 4 staged rows, masked, into d_p and d_red.
+fn decode_scores(sj: u32, t: u32, k_end: u32, kv_row0: u32, b: u32, hh: vec4<u32>,
+                 li: vec4<u32>) {
+    var sc = vec4<f32>(0.0);
     if (sj < k_end) {
-        for (var i = 0u; i < DE4; i = i + 1u) {
-            let kk = load_k(kv_row0 + sj, i);
-            for (var r = 0u; r < RB; r = r + 1u) {
-                sc[r] = sc[r] + dot(d_q[r * DE4 + i], kk);
-            }
+        // eight loads in flight before their dots (loads past DE4 read zeros)
+        for (var i = 0u; i < DE4; i = i + 8u) {
+            let k0 = load_k(kv_row0 + sj, i);
+            let k1 = load_k(kv_row0 + sj, i + 1u);
+            let k2 = load_k(kv_row0 + sj, i + 2u);
+            let k3 = load_k(kv_row0 + sj, i + 3u);
+            let k4 = load_k(kv_row0 + sj, i + 4u);
+            let k5 = load_k(kv_row0 + sj, i + 5u);
+            let k6 = load_k(kv_row0 + sj, i + 6u);
+            let k7 = load_k(kv_row0 + sj, i + 7u);
+            sc = sc + row_dots(i, k0) + row_dots(i + 1u, k1) + row_dots(i + 2u, k2)
+                + row_dots(i + 3u, k3);
+            sc = sc + row_dots(i + 4u, k4) + row_dots(i + 5u, k5) + row_dots(i + 6u, k6)
+                + row_dots(i + 7u, k7);
         }
     }
-    for (var r = 0u; r < RB; r = r + 1u) {
-        var s = EXCLUDED;
-        if (sj < k_end && !(CAUSAL && sj > (*li)[r] + p.causal_offset)) {
-            let raw = biased(sc[r], b, (*hh)[r], (*li)[r], sj);
-            s = select(raw, EXCLUDED, is_nan(raw) || raw < EXCLUDED);
-            s = select(s, BAD, is_nan(raw) || (is_inf(raw) && raw > 0.0));
-        }
-        d_p[r * CHUNK + j] = s;
-        d_red[r * CHUNK + j] = s;
-    }
+    let s = vec4<f32>(masked_score(sc.x, sj, k_end, b, hh.x, li.x),
+                      masked_score(sc.y, sj, k_end, b, hh.y, li.y),
+                      masked_score(sc.z, sj, k_end, b, hh.z, li.z),
+                      masked_score(sc.w, sj, k_end, b, hh.w, li.w));
+    d_p[t] = s;
+    d_red[t] = s;
 }
 
-// One level of each row's max tree over the chunk's scores, in d_red.
-fn decode_max_step(t: u32, half: u32) {
-    if (t < half) {
-        for (var r = 0u; r < RB; r = r + 1u) {
-            let i = r * CHUNK + t;
-            d_red[i] = max(d_red[i], d_red[i + half]);
-        }
-    }
+// Column slot c of key sj's v row; zeros from `last` (the group's end or k_end) on, where no
+// row is read (a cache's unwritten rows may hold anything).
+fn decode_v(kv_row0: u32, sj: u32, last: u32, c: u32) -> vec4<f32> {
+    let v = load_v(kv_row0 + min(sj, last - 1u), c);
+    return select(vec4<f32>(0.0), v, sj < last);
 }
 
-// p = e^(s - m) into d_p, 0 for an excluded key.
-fn decode_exps(t: u32, m_new: ptr<function, array<f32, RB>>) {
-    for (var r = 0u; r < RB; r = r + 1u) {
-        let s = d_p[r * CHUNK + t];
-        d_p[r * CHUNK + t] = select(exp(s - (*m_new)[r]), 0.0, s <= EXCLUDED);
+// acc + p_sj v_sj for the 4 rows, and the rows' sums, for a key below `last`.
+fn decode_pv(acc: Quad, total: ptr<function, vec4<f32>>, sj: u32, last: u32,
+             vv: vec4<f32>) -> Quad {
+    if (sj >= last) {
+        return acc;
     }
+    let pj = d_p[sj % CHUNK];
+    *total = *total + pj;
+    return quad_fma(acc, pj, vv);
 }
 
 // The key groups' accumulators and sums meet; key group 0 writes each live row's output, or
 // its (m, l, acc) partial when the keys are split.
-fn decode_finish(w: Work, t: u32, c: u32, kg: u32, rows: u32, orow: ptr<function, array<u32, RB>>,
-                 m: ptr<function, array<f32, RB>>, total: ptr<function, array<f32, RB>>,
-                 acc: ptr<function, array<vec4<f32>, RB>>) {
-    for (var r = 0u; r < RB; r = r + 1u) {
-        d_acc[(kg * RB + r) * CW + c] = (*acc)[r];
-        if (c == 0u) {
-            d_l[kg * RB + r] = (*total)[r];
-        }
+fn decode_finish(w: Work, c: u32, kg: u32, rows: u32, orow: vec4<u32>, m: vec4<f32>,
+                 total: vec4<f32>, acc: Quad) {
+    let at = kg * RB * CW + c;
+    d_acc[at] = acc.r0;
+    d_acc[at + CW] = acc.r1;
+    d_acc[at + 2u * CW] = acc.r2;
+    d_acc[at + 3u * CW] = acc.r3;
+    if (c == 0u) {
+        d_l[kg] = total;
     }
     workgroupBarrier();
     if (kg != 0u || c >= DV4) {
         return;
     }
-    for (var r = 0u; r < RB; r = r + 1u) {
-        if (w.tile * RB + r >= rows) {
-            break;
+    var a = Quad();
+    var l = vec4<f32>(0.0);
+    for (var g = 0u; g < KG; g = g + 1u) {
+        let i = g * RB * CW + c;
+        a = Quad(a.r0 + d_acc[i], a.r1 + d_acc[i + CW], a.r2 + d_acc[i + 2u * CW],
+                 a.r3 + d_acc[i + 3u * CW]);
+        l = l + d_l[g];
+    }
+    let r0 = w.tile * RB;
+    decode_store(w, c, r0 < rows, orow.x, m.x, l.x, a.r0);
+    decode_store(w, c, r0 + 1u < rows, orow.y, m.y, l.y, a.r1);
+    decode_store(w, c, r0 + 2u < rows, orow.z, m.z, l.z, a.r2);
+    decode_store(w, c, r0 + 3u < rows, orow.w, m.w, l.w, a.r3);
+}
+
+// One live row's column slot c: the output (one split) or its (m, l, acc) partial.
+fn decode_store(w: Work, c: u32, live: bool, orow: u32, m: f32, l: f32, a: vec4<f32>) {
+    if (!live) {
+        return;
+    }
+    let bad = m >= BAD;
+    if (p.splits == 1u) {
+        // a fully masked row (l 0) keeps acc: 0, or the NaN some v brought in
+        let o = select(a * select(1.0 / l, 1.0, l == 0.0), vec4<f32>(f32_nan()), bad);
+        store_row(true, orow * p.ev, c, o);
+    } else {
+        let rec = (orow * p.splits + w.split) * (p.ev + 2u);
+        if (c == 0u) {
+            partials[rec] = select(m, f32_nan(), bad);   // a NaN m marks the row NaN
+            partials[rec + 1u] = l;
         }
-        var a = vec4<f32>(0.0);
-        var l = 0.0;
-        for (var g = 0u; g < KG; g = g + 1u) {
-            a = a + d_acc[(g * RB + r) * CW + c];
-            l = l + d_l[g * RB + r];
-        }
-        let bad = (*m)[r] >= BAD;
-        if (p.splits == 1u) {
-            // a fully masked row (l 0) keeps acc: 0, or the NaN some v brought in
-            let o = select(a * select(1.0 / l, 1.0, l == 0.0), vec4<f32>(f32_nan()), bad);
-            store_row(true, (*orow)[r] * p.ev, c, o);
-        } else {
-            let rec = ((*orow)[r] * p.splits + w.split) * (p.ev + 2u);
-            if (c == 0u) {
-                partials[rec] = select((*m)[r], f32_nan(), bad);   // a NaN m marks the row NaN
-                partials[rec + 1u] = l;
-            }
-            store_row(false, rec + 2u, c, a);
-        }
+        store_row(false, rec + 2u, c, a);
     }
 }
 
@@ -572,35 +741,68 @@ fn store_row(to_out: bool, base: u32, c: u32, v: vec4<f32>) {
     }
 }
 
-// One 64-lane workgroup per output row merges its splits:
+// One 64-lane workgroup per output row merges its splits (at most 64, one per lane):
 //   M = max_s m_s,  out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
-@compute @workgroup_size(64)
+// Lane s loads split s's (m, l); the max and the sum are workgroup trees, the weights wait in
+// c_w, so no lane walks the splits' records one dependent load after another.
+const COMBINE_LANES: u32 = 64u;
+
+var<workgroup> c_w: array<f32, COMBINE_LANES>;     // e^(m_s - M) per split
+var<workgroup> c_red: array<f32, COMBINE_LANES>;
+
+fn combine_tree(t: u32, take_max: bool) -> f32 {
+    for (var half = COMBINE_LANES / 2u; half > 0u; half = half / 2u) {
+        workgroupBarrier();
+        if (t < half) {
+            let a = c_red[t];
+            let b = c_red[t + half];
+            c_red[t] = select(a + b, max(a, b), take_max);
+        }
+    }
+    workgroupBarrier();
+    return c_red[0];
+}
+
+@compute @workgroup_size(COMBINE_LANES)
 fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) t: u32) {
     let orow = wg_linear(wid, nwg);
     if (orow >= p.batch * p.hq * p.l) {
-        return;
+        return;   // a whole workgroup: uniform
     }
     let stride = p.ev + 2u;
     let base = orow * p.splits * stride;
-    var mx = EXCLUDED;
-    var bad = false;
-    for (var sp = 0u; sp < p.splits; sp = sp + 1u) {
-        let ms = partials[base + sp * stride];
-        bad = bad || is_nan(ms);
-        mx = max(mx, ms);
+    var ms = EXCLUDED;
+    var ls = 0.0;
+    if (t < p.splits) {
+        ms = partials[base + t * stride];
+        ls = partials[base + t * stride + 1u];
     }
-    var total = 0.0;
-    for (var sp = 0u; sp < p.splits; sp = sp + 1u) {
-        total = total + exp(partials[base + sp * stride] - mx) * partials[base + sp * stride + 1u];
-    }
+    ms = select(ms, BAD, is_nan(ms));   // a NaN m marks its row NaN
+    c_red[t] = ms;
+    let mx = combine_tree(t, true);
+    let wt = select(0.0, exp(ms - mx), t < p.splits);
+    workgroupBarrier();   // c_red[0] is read
+    c_w[t] = wt;
+    c_red[t] = wt * ls;
+    let total = combine_tree(t, false);
     let inv = select(1.0 / total, 1.0, total == 0.0);
-    for (var c = t; c < p.ev; c = c + 64u) {
+    for (var c = t; c < p.ev; c = c + COMBINE_LANES) {
         var a = 0.0;
-        for (var sp = 0u; sp < p.splits; sp = sp + 1u) {
-            let rec = base + sp * stride;
-            a = fma(exp(partials[rec] - mx), partials[rec + 2u + c], a);
+        // four splits' loads in flight at a time (a split past the last has weight 0)
+        for (var sp = 0u; sp < p.splits; sp = sp + 4u) {
+            let x0 = partials[base + sp * stride + 2u + c];
+            let x1 = partials[base + min(sp + 1u, p.splits - 1u) * stride + 2u + c];
+            let x2 = partials[base + min(sp + 2u, p.splits - 1u) * stride + 2u + c];
+            let x3 = partials[base + min(sp + 3u, p.splits - 1u) * stride + 2u + c];
+            a = fma(c_w[sp], x0, a);
+            a = select(a, fma(c_w[min(sp + 1u, COMBINE_LANES - 1u)], x1, a),
+                       sp + 1u < p.splits);
+            a = select(a, fma(c_w[min(sp + 2u, COMBINE_LANES - 1u)], x2, a),
+                       sp + 2u < p.splits);
+            a = select(a, fma(c_w[min(sp + 3u, COMBINE_LANES - 1u)], x3, a),
+                       sp + 3u < p.splits);
         }
-        out[orow * p.ev + c] = select(a * inv, f32_nan(), bad);
+        out[orow * p.ev + c] = select(a * inv, f32_nan(), mx >= BAD);
     }
 }
