@@ -2,7 +2,10 @@
 kernel vs FLA on CUDA.
 
 Same inputs for all, fp32, B=1, H=16, K=V=128, channelwise decay in (0, 1); CPU at T = 1, 128,
-512, 2048, 8192 at 1 and 2 threads. Milliseconds are the min over several runs.
+512, 2048, 8192 at 1 and 2 threads. Milliseconds are the min over several runs. "ours" calls
+our kernel's Python entry; "runner" is the op exported, lowered with WgpuPartitioner(device=
+"cpu") and executed through our .pte runner (Program.load_method().execute), the user's path
+with its host cost; the ratios are to ExecuTorch's C++ op.
 
 GPU table (T = 1, 512, 2048, 8192 by default): "webgpu" is the GPU time of our dispatches
 (timestamp queries through WebGpuExecutor.execute_profiled, summed over the op's dispatches,
@@ -96,16 +99,38 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+class _ChannelwiseOp(torch.nn.Module):
+    def forward(self, q, k, v, d, beta, s0):
+        return torch.ops.llama.channelwise_gated_delta_rule(q, k, v, d, beta, s0)
+
+
+def runner_method(x):
+    """(program, method): the op exported and lowered for device="cpu", loaded through our
+    Python runner, as a user runs the .pte; the caller destroys the program."""
+    from delegate.aot import lower
+    from delegate.runtime.program import Runtime
+
+    pm = lower(_ChannelwiseOp(), x, device="cpu")
+    prog = Runtime.get().load_program(pm.buffer, device="cpu")
+    return prog, prog.load_method("forward")
+
+
 def bench_row(T: int, n: int, reps: int) -> dict:
     x = make_inputs(T)
     et = torch.ops.llama.channelwise_gated_delta_rule
     ours = min_ms(lambda: gated_delta_rule(*x), reps)
     theirs = min_ms(lambda: et(*x), reps)
     ours = min(ours, min_ms(lambda: gated_delta_rule(*x), reps))   # interleave against noise
+    prog, method = runner_method(x)
+    try:
+        args = list(x)
+        runner = min(min_ms(lambda: method.execute(args), reps) for _ in range(2))
+    finally:
+        prog.destroy()
     tn = min(T, NAIVE_MAX_T)
     xn = make_inputs(tn)
     naive = min_ms(lambda: naive_token_loop(*xn), max(1, reps // 2)) * T / tn
-    return dict(T=T, threads=n, ours=ours, et=theirs, naive=naive,
+    return dict(T=T, threads=n, ours=ours, runner=runner, et=theirs, naive=naive,
                 extrapolated=tn < T, gflops=flops(T) / ours / 1e6)
 
 
@@ -148,7 +173,8 @@ def fla_ms(x, runs: int) -> str:
     if not torch.cuda.is_available():
         return "n/a (no CUDA)"
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        from fla.ops.gated_delta_rule import (chunk_gated_delta_rule,
+                                              fused_recurrent_gated_delta_rule)
     except Exception as e:  # fla missing or its triton does not import
         return f"n/a ({type(e).__name__})"
     q, k, v, d, beta, s0 = (t.cuda() for t in x)
@@ -207,8 +233,8 @@ def gpu_table(ts, scan_columns=None) -> None:
 
 def cpu_table(args) -> None:
     print(f"gated_delta_rule  B={B} H={H} K={K} V={V} fp32 channelwise decay; min of runs")
-    print(f"{'thr':>3} {'T':>5} {'ours ms':>10} {'ET C++ ms':>10} {'ratio':>6} "
-          f"{'naive ms':>11} {'GFLOP/s':>8} {'sgemm':>7} {'%sgemm':>6}")
+    print(f"{'thr':>3} {'T':>5} {'ours ms':>10} {'runner ms':>10} {'ET C++ ms':>10} {'ratio':>6} "
+          f"{'run/ET':>6} {'naive ms':>11} {'GFLOP/s':>8} {'sgemm':>7} {'%sgemm':>6}")
     for n in (int(s) for s in args.threads.split(",")):
         set_threads(n)
         et_threads = et_runtime()._threadpool_get_thread_count()
@@ -217,8 +243,9 @@ def cpu_table(args) -> None:
             reps = 200 if T == 1 else (5 if T <= 512 else 3)
             r = bench_row(T, n, reps)
             naive = f"{r['naive']:.2f}{'*' if r['extrapolated'] else ' '}"
-            print(f"{n:>3} {T:>5} {r['ours']:>10.3f} {r['et']:>10.3f} "
-                  f"{r['ours'] / r['et']:>6.2f} {naive:>11} {r['gflops']:>8.1f} "
+            print(f"{n:>3} {T:>5} {r['ours']:>10.3f} {r['runner']:>10.3f} {r['et']:>10.3f} "
+                  f"{r['ours'] / r['et']:>6.2f} {r['runner'] / r['et']:>6.2f} {naive:>11} "
+                  f"{r['gflops']:>8.1f} "
                   f"{peak:>7.1f} {100 * r['gflops'] / peak:>5.1f}%")
         print(f"    (ExecuTorch threadpool threads: {et_threads}; torch.mm GFLOP/s measured "
               f"at {n} thread(s))")
