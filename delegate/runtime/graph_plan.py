@@ -15,6 +15,7 @@ they key nothing; the steps that read them are re-resolved per execute (`dynamic
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -28,6 +29,7 @@ from delegate.ir import Graph, SymExpr, TensorValue
 from delegate.runtime import shapes
 
 CACHE_SIZE = 16
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def validate_every_execute() -> bool:
@@ -82,9 +84,10 @@ class GraphPlan:
         self.offset_bindings = [s for s in graph.symbols if s.name not in dim_syms]
         offsets = {s.name for s in self.offset_bindings}
         self.dynamic_steps = [st.index for st in self.steps if st.symbols & offsets]
+        self.twin = twins(graph, self.steps)
         # export's runtime asserts (torch._check on a position): once per binding when they
         # read only shape symbols, every execute when they read an offset
-        checks = [(c, symexpr.symbols_of(c.expr)) for c in graph.checks]
+        checks = [(c, symexpr.symbols_of(c.expr)) for c in _distinct(graph.checks, graph)]
         self._binding_checks = [c for c, syms in checks if not syms & offsets]
         self._offset_checks = [c for c, syms in checks if syms & offsets]
         self.per_execute = bool(self.dynamic_steps or self._offset_checks)
@@ -124,8 +127,11 @@ class GraphPlan:
 
     def offset_env(self, inputs: list) -> dict:
         """Values of the offset symbols for this execute (empty when the graph has none)."""
-        try:
-            return {s.name: shapes.symbol_value(s, inputs) for s in self.offset_bindings}
+        try:   # each layer's `.item()` of one position is its own symbol: read it once
+            read: dict = {}
+            return {s.name: read[s.input, s.dim] if (s.input, s.dim) in read else
+                    read.setdefault((s.input, s.dim), shapes.symbol_value(s, inputs))
+                    for s in self.offset_bindings}
         except (IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
             raise InputError(f"inputs: expected the values the offset symbols "
                              f"{[s.name for s in self.offset_bindings]} read, got "
@@ -140,6 +146,9 @@ class GraphPlan:
         _run_checks(self._offset_checks, env)
         out = {}
         for i in self.dynamic_steps:
+            if self.twin[i] != i:   # its twin's attributes and check hold for it too
+                out[i] = out[self.twin[i]]
+                continue
             st = self.steps[i]
             attrs = symexpr.resolve(st.attrs, env)
             want = [b.live[v] for v in st.outputs]
@@ -214,6 +223,53 @@ def _check_bounds(values: list, live: dict) -> None:
         if any(s < 0 or s > m for s, m in zip(shape, bound)):
             raise BlobError(f"value {vid} live shape: expected within its upper bound {bound}, "
                             f"got {shape}")
+
+
+def twins(graph: Graph, steps: list) -> list:
+    """step index -> the first step that is its twin: the same op over values of the same
+    dtypes and symbolic shapes, with the same attributes. Twins agree on live shapes, resolved
+    attributes and so on kernel params under every binding and offset (the layers of an LLM:
+    a decode step resolves one rope, one cache write, ... instead of one per layer)."""
+    same = _same_symbols(graph)
+    first: dict = {}
+    return [first.setdefault(_signature(graph, st, same), st.index) for st in steps]
+
+
+def _distinct(checks: list, graph: Graph) -> list:
+    """The export's runtime checks, one per expression up to symbols of one value (each
+    layer checks its own copy of the position)."""
+    same, seen = _same_symbols(graph), {}
+    for c in checks:
+        seen.setdefault(_frozen(SymExpr(c.expr), same), c)
+    return list(seen.values())
+
+
+def _same_symbols(graph: Graph) -> dict:
+    """symbol -> the first symbol bound to the same input dim or element: export gives each
+    layer's `input_pos.item()` its own unbacked symbol, all of one value."""
+    first: dict = {}
+    return {s.name: first.setdefault((s.input, s.dim), s.name) for s in graph.symbols}
+
+
+def _signature(graph: Graph, st: Step, same: dict) -> tuple:
+    def value(v):
+        spec = None if v == -1 else graph.values[v]
+        if isinstance(spec, TensorValue):
+            return (spec.dtype, _frozen(spec.dims, same), tuple(spec.max_shape))
+        return ("value", v)   # a scalar or list: its own identity, never a twin's
+
+    return (st.op, _frozen(st.attrs, same), tuple(value(v) for v in st.inputs),
+            tuple(value(v) for v in st.outputs))
+
+
+def _frozen(x, same: dict):
+    if isinstance(x, dict):
+        return tuple(sorted((k, _frozen(v, same)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return tuple(_frozen(v, same) for v in x)
+    if isinstance(x, SymExpr):   # "4" stays apart from int 4
+        return ("sym", _NAME.sub(lambda m: same.get(m.group(0), m.group(0)), x))
+    return (type(x).__name__, x)   # 1 and 1.0 stay apart
 
 
 def _step(i: int, node) -> Step:

@@ -141,9 +141,9 @@ class WebGpuExecutor:
         self._dummy, self._dummy_rw = self._new_buffer(MIN_BUFFER), self._new_buffer(MIN_BUFFER)
         env = self.plan.max_env()
         specs = [self._specs(node, kernel, env) for node, kernel in zip(nodes, kernels)]
-        self._params_buffer = self._params_layout(specs)
-        self._scratch = self._scratch_buffers(specs)
         offsets = self._params_offsets(specs)
+        self._params_buffer = self._params_layout()
+        self._scratch = self._scratch_buffers(specs)
         for i, (node, step_specs) in enumerate(zip(nodes, specs)):
             self._steps.append([self._bind(node, spec, offsets[i, j], size)
                                 for j, (spec, size) in enumerate(step_specs)])
@@ -155,12 +155,17 @@ class WebGpuExecutor:
 
     def _params_offsets(self, specs: list) -> dict:
         """(step, dispatch) -> offset in the params buffer. Dispatches whose params follow an
-        offset symbol come first, so a decode step rewrites one short prefix of the block."""
-        dynamic = set(self.plan.dynamic_steps)
+        offset symbol come first, so a decode step rewrites one short prefix of the block.
+        Twin steps (GraphPlan.twin: the same op, shapes and attributes, as in each layer of
+        an LLM) share their first twin's slots; _replay checks that their params agree."""
+        dynamic, twin = set(self.plan.dynamic_steps), self.plan.twin
         order = sorted(range(len(specs)), key=lambda i: i not in dynamic)
         offsets, offset = {}, 0
         self._dynamic_bytes = 0
         for i in order:
+            if twin[i] != i and _same_dispatches(specs[i], specs[twin[i]]):
+                offsets.update({(i, j): offsets[twin[i], j] for j in range(len(specs[i]))})
+                continue
             for j, (spec, size) in enumerate(specs[i]):
                 if j and spec.shared_params:
                     offsets[i, j] = offsets[i, j - 1]
@@ -169,6 +174,7 @@ class WebGpuExecutor:
                 offset += self._params_stride(size)
             if i in dynamic:
                 self._dynamic_bytes = offset
+        self._params_bytes = offset
         return offsets
 
     def _plan_fallback(self, nodes, kernels, weights: dict) -> None:
@@ -219,13 +225,11 @@ class WebGpuExecutor:
         align = self._gpu.limits.get("min-uniform-buffer-offset-alignment", 256)
         return -(-max(size, 16) // align) * align
 
-    def _params_layout(self, specs: list):
-        """One uniform buffer holding every dispatch's params, each at an aligned offset."""
+    def _params_layout(self):
+        """One uniform buffer holding every params slot (_params_offsets), each aligned."""
         import wgpu
 
-        total = sum(self._params_stride(size) for step in specs
-                    for j, (spec, size) in enumerate(step) if not (j and spec.shared_params))
-        return self._new_buffer(max(total, MIN_BUFFER),
+        return self._new_buffer(max(self._params_bytes, MIN_BUFFER),
                                 usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
 
     def _new_buffer(self, nbytes: int, usage=None, data=None):
@@ -342,7 +346,7 @@ class WebGpuExecutor:
     # ---- per binding -----------------------------------------------------------------------
     def _replay(self, b) -> Replay:
         block = bytearray(self._params_buffer.size)
-        plan, dynamic, parts, cpu_steps, host = [], [], [[]], [], {}
+        plan, dynamic, parts, cpu_steps, host, written = [], [], [[]], [], {}, set()
         for st, attrs, bound in zip(self.plan.steps, b.attrs, self._steps):
             if st.index in self._cpu_kernels:
                 cpu_steps.append(st)
@@ -352,12 +356,13 @@ class WebGpuExecutor:
                 cpu_steps = []
             ins = [None if v == -1 else b.live[v] for v in st.inputs]
             outs = [b.live[v] for v in st.outputs]
+            first = self.plan.twin[st.index] == st.index
             for d in bound:
-                grid = self._write_params(d, block, ins, outs, attrs, st)
+                grid = self._write_params(d, block, ins, outs, attrs, st, written)
                 if grid is not None:
                     plan.append((d, grid))
                     parts[-1].append((d, grid))
-                if st.index in self.plan.dynamic_steps:
+                if first and st.index in self.plan.dynamic_steps:   # twins share its slots
                     dynamic.append((st.index, d))
         if cpu_steps:
             parts += [cpu_fallback.build_run(self, cpu_steps, b, host), []]
@@ -375,8 +380,9 @@ class WebGpuExecutor:
         if need and (self._staging is None or self._staging.size < need):
             self._staging = cpu_fallback.staging_buffer(self, max(need, MIN_BUFFER))
 
-    def _write_params(self, d: BoundDispatch, block, ins, outs, attrs, st):
-        """Pack one dispatch's params into the block; its grid, or None when it is skipped."""
+    def _write_params(self, d: BoundDispatch, block, ins, outs, attrs, st, written=None):
+        """Pack one dispatch's params into the block; its grid, or None when it is skipped.
+        `written`: the slots packed so far this binding; a shared slot must get equal bytes."""
         try:
             params, count = d.spec.sizes(ins, outs, attrs)
         except DelegateError:
@@ -387,7 +393,13 @@ class WebGpuExecutor:
         if len(params) > d.params_size:
             raise DelegateError(f"{st.where()} {d.spec.entry} params: expected at most "
                                 f"{d.params_size} bytes (upper-bound shapes), got {len(params)}")
-        block[d.params_offset: d.params_offset + len(params)] = params
+        at = slice(d.params_offset, d.params_offset + len(params))
+        if written is not None and d.params_offset in written and block[at] != params:
+            raise BlobError(f"{st.where()} {d.spec.entry} params: expected the bytes of the "
+                            f"twin step whose slot it shares, got others")
+        block[at] = params
+        if written is not None:
+            written.add(d.params_offset)
         return self._fold(count) if count else None
 
     # ---- execute ---------------------------------------------------------------------------
@@ -589,6 +601,12 @@ class WebGpuExecutor:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
+def _same_dispatches(a: list, b: list) -> bool:
+    """Two steps' [(Dispatch, params size)] run the same kernels with params of one size."""
+    return len(a) == len(b) and all((x.entry, x.label, n) == (y.entry, y.label, m)
+                                    for (x, n), (y, m) in zip(a, b))
+
+
 def _pieces(part: list) -> list:
     """The submits of one dispatch list: whole when short; else a first piece of
     min(half, SPLIT_SUBMIT_MIN) dispatches, then SUBMIT_EVERY at a time."""
