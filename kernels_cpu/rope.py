@@ -7,7 +7,8 @@ is viewed and expanded (never copied) to that same shape. Then
     out_a = x_a cos_a - x_b sin_a,   out_b = x_b cos_b + x_a sin_b
 
 as one mul and one addcmul each: the roundings of the unfused mul, mul, sub (add). Channels
-past R are copied. Large tensors split along a leading dim, never the pair axis.
+past R are copied. Large tensors split along a leading dim, never the pair axis. rope_pair
+runs rope on each of its two tensors with the shared tables: the same ops, so the same bits.
 """
 from __future__ import annotations
 
@@ -68,3 +69,10 @@ def rope(ins, outs, attrs, scratch):
         _rows(*(t.narrow(d, a, b - a) for t in (out, x, cos, sin)), style, rd)
 
     pool.parallel_for(lead[d], work, min_chunk=max(1, (PARALLEL_NUMEL // 2) // max(row, 1)))
+
+
+@register_kernel("rope_pair")
+def rope_pair(ins, outs, attrs, scratch):
+    q, k, cos, sin = ins[:4]
+    rope([q, cos, sin], [outs[0]], attrs, scratch)
+    rope([k, cos, sin], [outs[1]], attrs, scratch)

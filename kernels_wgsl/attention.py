@@ -11,6 +11,9 @@ of the keys), one key per thread, so a short query keeps every lane busy; with s
 each writes an (m, l, acc) partial to scratch and `combine` merges them. Without executor
 scratch support decode takes one split. Which of the two runs is decided per execute by the
 live L; a graph whose L bound is at most DECODE_L builds only the decode kernel.
+q_dims / out_dims (q read through a permutation, the output written through one, the head dim
+last in both): every entry finds a row of q and of the output by its (b, h, l) element
+strides in the params, so the rows stay contiguous and vec4 loads stay.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from delegate.errors import UnsupportedError
-from kernels_wgsl import Dispatch, broadcast_strides, groups, register_wgsl, words
+from kernels_wgsl import (Dispatch, broadcast_strides, contiguous_strides, groups,
+                          register_wgsl, words)
 
 MAX_HEAD = 256
 DIMS_PER_THREAD = 32      # a thread's q slice and accumulator slice stay in registers
@@ -117,16 +121,23 @@ def prefill_tile(e: int, ev: int, storage_bytes: int) -> PrefillTile | None:
 def loaders(e: int, ev: int) -> str:
     """WGSL: qkv_t and load_q/k/v(row, vec4 index), zeros past the head dims. vec4 loads
     where both head dims are multiples of 4 (one unconditional load the compiler can issue
-    ahead), else 4 guarded f32 loads."""
+    ahead), else 4 guarded f32 loads. A q row is found by its strides (row_at), k and v rows
+    are contiguous."""
     vec = e % 4 == 0 and ev % 4 == 0
     out = [f"alias qkv_t = {'vec4<f32>' if vec else 'f32'};"]
     for name, dim, d4 in (("q", "e", "DE4"), ("k", "e", "DE4"), ("v", "ev", "DV4")):
+        # the row's first element, in elements and in vec4s; q's strides are multiples of 4
+        # wherever e is, since the head dim stays last
+        at = "row_at(row, p.q_strides)" if name == "q" else f"row * p.{dim}"
+        at4 = f"{at} / 4u" if name == "q" else f"row * {d4}"
         if vec:
-            body = f"return select(vec4<f32>(0.0), {name}[row * {d4} + c4], c4 < {d4});"
+            body = (f"let at = {at4}; "
+                    f"return select(vec4<f32>(0.0), {name}[at + c4], c4 < {d4});")
         else:
-            body = (f"var r = vec4<f32>(0.0); for (var i = 0u; i < 4u; i = i + 1u) {{ "
+            body = (f"let at = {at}; "
+                    f"var r = vec4<f32>(0.0); for (var i = 0u; i < 4u; i = i + 1u) {{ "
                     f"let c = c4 * 4u + i; "
-                    f"if (c < p.{dim}) {{ r[i] = {name}[row * p.{dim} + c]; }} }} "
+                    f"if (c < p.{dim}) {{ r[i] = {name}[at + c]; }} }} "
                     f"return r;")
         out.append(f"fn load_{name}(row: u32, c4: u32) -> vec4<f32> {{ {body} }}")
     return "\n".join(out)
@@ -160,6 +171,26 @@ def key_splits(l: int, s: int, split: bool, bc: int = DECODE_CHUNK) -> tuple:
     return groups(s, per), per
 
 
+def query_shape(q, attrs) -> tuple:
+    """q [B, Hq, L, E] as the kernel reads it: input 0 through q_dims."""
+    return tuple(q[i] for i in attrs.get("q_dims") or range(len(q)))
+
+
+def q_strides(stored, attrs) -> list:
+    """Element strides of q's (b, h, l, e) in input 0: q = input.permute(q_dims)."""
+    own = contiguous_strides(stored)
+    return [own[i] for i in attrs.get("q_dims") or range(len(stored))]
+
+
+def out_strides(stored, attrs) -> list:
+    """Element strides of the output's (b, h, l, e) where it is stored as
+    out.permute(out_dims)."""
+    own, strides = contiguous_strides(stored), [0] * len(stored)
+    for d, i in enumerate(attrs.get("out_dims") or range(len(stored))):
+        strides[i] = own[d]
+    return strides
+
+
 def partials_bytes(ins, split: bool) -> int:
     """Scratch for the decode partials at the upper-bound shapes (0 when not split)."""
     (b, hq, l, _), (_, _, s, ev) = ins[0], ins[2]
@@ -171,7 +202,7 @@ def partials_bytes(ins, split: bool) -> int:
 
 @register_wgsl("sdpa")
 def sdpa(ins, outs, attrs, info):
-    q, v, mask = ins[0], ins[2], ins[3] if len(ins) > 3 else None
+    q, v, mask = query_shape(ins[0], attrs), ins[2], ins[3] if len(ins) > 3 else None
     if q[3] > MAX_HEAD or v[3] > MAX_HEAD:
         raise UnsupportedError(f"sdpa head dims on WebGPU: expected at most {MAX_HEAD}, "
                                f"got E={q[3]}, Ev={v[3]}")
@@ -179,13 +210,13 @@ def sdpa(ins, outs, attrs, info):
     tile = flash_tile(q[3], v[3], storage)
     dtile = DecodeTile(groups(q[3], 4), groups(v[3], 4))
     ptile = prefill_tile(q[3], v[3], storage)
-    scratch = partials_bytes(ins, info.scratch)
+    scratch = partials_bytes([q, *ins[1:]], info.scratch)
     split = scratch > 0
     mask_kind = 0 if mask is None else (1 if info.in_dtypes[3] == torch.bool else 2)
 
-    def params(ins, attrs):
+    def params(ins, outs, attrs):
         """(params, workgroups, splits) of the kernel the live L picks."""
-        (b, hq, l, e), (_, hkv, s, ev) = ins[0], ins[2]
+        (b, hq, l, e), (_, hkv, s, ev) = query_shape(ins[0], attrs), ins[2]
         scale = attrs.get("scale")
         scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
         mstrides = broadcast_strides(ins[3], (b, hq, l, s)) if mask is not None else [0] * 4
@@ -194,18 +225,19 @@ def sdpa(ins, outs, attrs, info):
         splits, per = key_splits(l, keys, split) if l <= DECODE_L else (1, max(keys, 1))
         tiles = groups(n_rep * l, dtile.rb if l <= DECODE_L else (ptile or tile).br)
         packed = words(b, hq, hkv, l, s, e, ev, n_rep, scale, tiles, splits, per,
-                       keys, attrs.get("causal_offset", 0), 0, 0, mstrides)
+                       keys, attrs.get("causal_offset", 0), 0, 0, mstrides,
+                       q_strides(ins[0], attrs), out_strides(outs[0], attrs))
         return packed, b * hkv * tiles * splits if ev else 0, splits
 
     def sizes_when(decode: bool):
         def sizes(ins, outs, attrs):
-            packed, count, _ = params(ins, attrs)
-            return packed, count if (ins[0][2] <= DECODE_L) == decode else 0
+            packed, count, _ = params(ins, outs, attrs)
+            return packed, count if (query_shape(ins[0], attrs)[2] <= DECODE_L) == decode else 0
         return sizes
 
     def combine_sizes(ins, outs, attrs):
-        packed, _, splits = params(ins, attrs)
-        (b, hq, l, _), ev = ins[0], ins[2][3]
+        packed, _, splits = params(ins, outs, attrs)
+        (b, hq, l, _), ev = query_shape(ins[0], attrs), ins[2][3]
         return packed, b * hq * l if splits > 1 and ev else 0
 
     m_arg = 3 if mask is not None else None

@@ -17,6 +17,9 @@
 // NaN/Inf follow torch's eager CPU SDPA: a NaN or +inf score (NaN q/k, +inf mask) makes its
 // row NaN; a NaN v_j reaches every row whose tile holds key j (p_j * NaN, even for p_j = 0);
 // a fully masked row gives 0.
+// Rows are numbered orow = (b * hq + h) * l + li throughout (the partials' order); q and out
+// find a row's first element by their (b, h, l) strides (row_at): contiguous, or read / written
+// through the op's q_dims / out_dims, the head dim contiguous either way.
 // The prelude (attention.py) defines the tile: G, VEC, BR, BC and PARTIAL (1 when G == 1).
 
 override MASK: u32 = 0u;
@@ -28,6 +31,8 @@ struct SdpaParams {
     scale: f32, tiles: u32, splits: u32, split_len: u32,
     kv_len: u32, causal_offset: u32, pad0: u32, pad1: u32,
     mask_strides: vec4<u32>,   // (b, h, l, s) element strides of the mask broadcast to scores
+    q_strides: vec4<u32>,      // (b, h, l, e) element strides of q in its buffer
+    out_strides: vec4<u32>,    // (b, h, l, e) element strides of the output in its buffer
 }
 
 @group(0) @binding(0) var<uniform> p: SdpaParams;
@@ -50,6 +55,12 @@ const BAD: f32 = 3.0e38;
 var<workgroup> k_tile: array<vec4<f32>, BC * DV>;
 var<workgroup> v_tile: array<vec4<f32>, BC * DV>;
 var<workgroup> partial: array<f32, PARTIAL>;   // [key][thread] partial dot products (G > 1)
+
+// The first element of row orow in a tensor with (b, h, l) element strides st.
+fn row_at(orow: u32, st: vec4<u32>) -> u32 {
+    let bh = orow / p.l;
+    return (bh / p.hq) * st.x + (bh % p.hq) * st.y + (orow % p.l) * st.z;
+}
 
 // Scaled, biased score; -inf for a bool-masked key (so a NaN score stays NaN, as in torch).
 fn biased(dot: f32, b: u32, h: u32, li: u32, sj: u32) -> f32 {
@@ -208,11 +219,12 @@ fn dots(sc: ptr<function, array<f32, BC>>, qv: ptr<function, array<vec4<f32>, VE
 fn write_out(orow: u32, g: u32, acc: ptr<function, array<vec4<f32>, VEC>>, total: f32, bad: bool) {
     // a fully masked row (total 0) keeps acc: 0, or the NaN some v brought in
     let inv = select(1.0 / total, 1.0, total == 0.0);
+    let at = row_at(orow, p.out_strides);
     for (var i = 0u; i < VEC; i = i + 1u) {
         for (var e = 0u; e < 4u; e = e + 1u) {
             let c = (g * VEC + i) * 4u + e;
             if (c < p.ev) {
-                out[orow * p.ev + c] = select((*acc)[i][e] * inv, f32_nan(), bad);
+                out[at + c] = select((*acc)[i][e] * inv, f32_nan(), bad);
             }
         }
     }
@@ -537,7 +549,7 @@ fn write_row(w: Work, v: vec4<f32>, l: f32, r: u32, c: u32, row0: u32, rows: u32
     if (row0 + r < rows) {
         let inv = select(1.0 / l, 1.0, l == 0.0);   // a fully masked row keeps acc (0 or NaN)
         let o = select(v * inv, vec4<f32>(f32_nan()), l < 0.0);
-        store_row(true, q_row(w, row0 + r).x * p.ev, c, o);
+        store_row(true, row_at(q_row(w, row0 + r).x, p.out_strides), c, o);
     }
 }
 
@@ -717,7 +729,7 @@ fn decode_store(w: Work, c: u32, live: bool, orow: u32, m: f32, l: f32, a: vec4<
     if (p.splits == 1u) {
         // a fully masked row (l 0) keeps acc: 0, or the NaN some v brought in
         let o = select(a * select(1.0 / l, 1.0, l == 0.0), vec4<f32>(f32_nan()), bad);
-        store_row(true, orow * p.ev, c, o);
+        store_row(true, row_at(orow, p.out_strides), c, o);
     } else {
         let rec = (orow * p.splits + w.split) * (p.ev + 2u);
         if (c == 0u) {
@@ -787,6 +799,7 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     c_red[t] = wt * ls;
     let total = combine_tree(t, false);
     let inv = select(1.0 / total, 1.0, total == 0.0);
+    let at = row_at(orow, p.out_strides);
     for (var c = t; c < p.ev; c = c + COMBINE_LANES) {
         var a = 0.0;
         // four splits' loads in flight at a time (a split past the last has weight 0)
@@ -803,6 +816,6 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             a = select(a, fma(c_w[min(sp + 3u, COMBINE_LANES - 1u)], x3, a),
                        sp + 3u < p.splits);
         }
-        out[orow * p.ev + c] = select(a * inv, f32_nan(), mx >= BAD);
+        out[at + c] = select(a * inv, f32_nan(), mx >= BAD);
     }
 }

@@ -1,5 +1,6 @@
 """Rotary embedding (rope.wgsl, delegate/ops/rope.py): one dispatch, one thread per output
 element, each reading its own channel, its pair partner and one cos and one sin entry.
+rope_pair rotates its two tensors in one dispatch whose grid covers both.
 
 The tables (last dim R/2 or R, leading dims broadcast to x's) are addressed as the broadcast
 shape x.shape[:-1] + (width,) through zero strides, so no expanded copy is ever made.
@@ -12,17 +13,34 @@ from kernels_wgsl import (Dispatch, broadcast_strides, groups, numel, padded, re
 WG = 256
 
 
+def _rotation(x, table, rotary_dim: int) -> list:
+    """The words of one rotated tensor's Rotation struct."""
+    view = tuple(x[:-1]) + (table[-1],)
+    # three zero words: the struct's shape array starts at the next 16-byte boundary
+    return [numel(x), x[-1], rotary_dim, table[-1], len(x), 0, 0, 0,
+            padded(view), padded(broadcast_strides(table, view))]
+
+
+def _constants(attrs) -> tuple:
+    return (("INTERLEAVED", int(attrs["style"] == "interleaved")),)
+
+
 @register_wgsl("rope")
 def rope(ins, outs, attrs, info):
     def sizes(ins, outs, attrs):
-        x, table = ins[0], ins[1]
-        view = tuple(x[:-1]) + (table[-1],)
-        n = numel(outs[0])
-        # three zero words: the uniform's shape array starts at the next 16-byte boundary
-        return (words(n, x[-1], attrs["rotary_dim"], table[-1], len(x), 0, 0, 0,
-                      padded(view), padded(broadcast_strides(table, view))),
-                groups(n, WG))
+        return words(*_rotation(ins[0], ins[1], attrs["rotary_dim"])), groups(numel(outs[0]), WG)
 
-    interleaved = int(attrs["style"] == "interleaved")
-    return [Dispatch("rope", "rope", (0, 1, 2, 3), (3,), sizes,
-                     (("INTERLEAVED", interleaved),), label=f"rope_{attrs['style']}")]
+    return [Dispatch("rope", "rope", (0, 1, 2, 3), (3,), sizes, _constants(attrs),
+                     label=f"rope_{attrs['style']}")]
+
+
+@register_wgsl("rope_pair")
+def rope_pair(ins, outs, attrs, info):
+    # operands q, k, cos, sin, q', k'; bindings 1..4 are rope's (x, cos, sin, out), then k, k'
+    def sizes(ins, outs, attrs):
+        q, k, table, rd = ins[0], ins[1], ins[2], attrs["rotary_dim"]
+        n = numel(outs[0]) + numel(outs[1])
+        return words(*_rotation(q, table, rd), *_rotation(k, table, rd)), groups(n, WG)
+
+    return [Dispatch("rope", "rope_pair", (0, 2, 3, 4, 1, 5), (4, 5), sizes, _constants(attrs),
+                     label=f"rope_pair_{attrs['style']}")]

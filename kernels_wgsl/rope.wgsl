@@ -5,10 +5,14 @@
 // channels j >= R copy x. The tables are read as if broadcast to lead + (width,), width R/2
 // (an angle per pair, column i) or R (one per channel, column j), through element strides
 // that are zero along broadcast dims.
+//
+// Entry `rope` rotates x; `rope_pair` rotates x and x1 (a layer's q and k) by the same tables
+// in one grid: invocations [0, a.n) serve x, the next b.n serve x1. Both go through lane() and
+// rotated(), so a pair's elements get exactly the arithmetic of two ropes.
 
 override INTERLEAVED: bool = true;   // false: rotate-half pairs
 
-struct RopeParams {
+struct Rotation {     // one rotated tensor
     n: u32,           // output elements
     dim: u32,         // D, x's last dim
     rotary_dim: u32,  // R, even, <= D
@@ -18,11 +22,59 @@ struct RopeParams {
     strides: array<vec4<u32>, 2>,  // the tables' element strides over that shape
 }
 
-@group(0) @binding(0) var<uniform> p: RopeParams;
+struct RotationPair {
+    a: Rotation,
+    b: Rotation,
+}
+
+// Binding 0 is each entry point's own params (an entry point uses only its own).
+@group(0) @binding(0) var<uniform> p: Rotation;           // rope
+@group(0) @binding(0) var<uniform> pair: RotationPair;    // rope_pair
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> cos_t: array<f32>;
 @group(0) @binding(3) var<storage, read> sin_t: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> x1: array<f32>;            // rope_pair's second
+@group(0) @binding(6) var<storage, read_write> out1: array<f32>;
+
+// Where element i of tensor r finds its pair partner and its table entry. A channel past R
+// is its own partner and reads table entry 0 (any entry: rotated() keeps x_i for it).
+struct Lane {
+    partner: u32,
+    table: u32,
+    second: bool,   // the channel is member b of its pair
+    rotated: bool,  // the channel is below R
+}
+
+fn lane(i: u32, r: Rotation) -> Lane {
+    let j = i % r.dim;
+    if (j >= r.rotary_dim) {
+        return Lane(i, 0u, false, false);
+    }
+    let half = r.rotary_dim / 2u;
+    var second: bool;
+    var pair_index: u32;
+    var partner: u32;
+    if (INTERLEAVED) {
+        second = (j & 1u) == 1u;
+        pair_index = j / 2u;
+        partner = select(i + 1u, i - 1u, second);
+    } else {
+        second = j >= half;
+        pair_index = select(j, j - half, second);
+        partner = select(i + half, i - half, second);
+    }
+    let col = select(j, pair_index, r.width == half);
+    let t = strided_offset((i / r.dim) * r.width + col, r.rank, r.shape, r.strides);
+    return Lane(partner, t, second, true);
+}
+
+// x_i's output from x_i, its partner x_k and its cos and sin entries.
+fn rotated(xi: f32, xk: f32, c: f32, s: f32, l: Lane) -> f32 {
+    let xc = xi * c;
+    let ps = xk * s;
+    return select(xi, select(xc - ps, xc + ps, l.second), l.rotated);
+}
 
 @compute @workgroup_size(256)
 fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -31,27 +83,22 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= p.n) {
         return;
     }
-    let j = i % p.dim;
-    if (j >= p.rotary_dim) {
-        out[i] = x[i];
+    let l = lane(i, p);
+    out[i] = rotated(x[i], x[l.partner], cos_t[l.table], sin_t[l.table], l);
+}
+
+@compute @workgroup_size(256)
+fn rope_pair(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = wg_linear(wid, nwg) * 256u + lid;
+    if (i < pair.a.n) {
+        let l = lane(i, pair.a);
+        out[i] = rotated(x[i], x[l.partner], cos_t[l.table], sin_t[l.table], l);
         return;
     }
-    let half = p.rotary_dim / 2u;
-    var second: bool;   // j is member b of its pair
-    var pair: u32;
-    var partner: u32;
-    if (INTERLEAVED) {
-        second = (j & 1u) == 1u;
-        pair = j / 2u;
-        partner = select(i + 1u, i - 1u, second);
-    } else {
-        second = j >= half;
-        pair = select(j, j - half, second);
-        partner = select(i + half, i - half, second);
+    let e = i - pair.a.n;
+    if (e < pair.b.n) {
+        let l = lane(e, pair.b);
+        out1[e] = rotated(x1[e], x1[l.partner], cos_t[l.table], sin_t[l.table], l);
     }
-    let col = select(j, pair, p.width == half);
-    let t = strided_offset((i / p.dim) * p.width + col, p.rank, p.shape, p.strides);
-    let xc = x[i] * cos_t[t];
-    let ps = x[partner] * sin_t[t];
-    out[i] = select(xc - ps, xc + ps, second);
 }

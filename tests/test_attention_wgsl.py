@@ -2,12 +2,15 @@
 
 Prefill and the one-pass decode run through the WebGPU executor. The flash-decoding split path
 needs scratch operands (Dispatch.scratch), so `run_split` binds them itself, as the executor
-is asked to: one buffer per scratch operand, numbered after the outputs."""
+is asked to: one buffer per scratch operand, numbered after the outputs. q_dims / out_dims
+(q read through a permutation, the output written through one) are checked against the
+reference computed on the permuted copies."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernels_wgsl
+from delegate.ops import get_op
 from kernels_wgsl import attention
 from tests.test_kernels_wgsl import rand, run_wgsl, sdpa_attrs
 from tests.tolerances import tol
@@ -36,7 +39,7 @@ def run_split(ins, attrs):
     ins32 = [None if t is None else (t.float() if t.is_floating_point() else t.to(torch.int32))
              for t in ins]
     shapes = [None if t is None else tuple(t.shape) for t in ins32]
-    out_shape = tuple(ins[0].shape[:3]) + (ins[2].shape[3],)
+    out_shape, = get_op("sdpa").infer(shapes, attrs)
     dtypes = tuple(None if t is None else t.dtype for t in ins)
     specs = kernels_wgsl.get_kernel("sdpa").build(
         shapes, [out_shape], attrs, kernels_wgsl.BuildInfo(gpu, dtypes, scratch=True))
@@ -217,6 +220,65 @@ def test_decode_split_with_masks_and_short_rows(e):
     bmask = torch.rand(3, 257) > 0.7
     check(run_split([q, k, v, bmask], sdpa_attrs())[0], reference(q, k, v, bmask))
     check(run_split([q, k, v, None], sdpa_attrs(causal=True))[0], reference(q, k, v, causal=True))
+
+
+# ---- q read through a permutation, the output written through one ---------------------------
+HEADS_MAJOR = [0, 2, 1, 3]   # Llama's q.transpose(1, 2), and the transpose back
+LAYOUTS = {"q": {"q_dims": HEADS_MAJOR}, "out": {"out_dims": HEADS_MAJOR},
+           "both": {"q_dims": HEADS_MAJOR, "out_dims": HEADS_MAJOR}}
+
+
+def through_layouts(q, attrs):
+    """q as input 0 stores it (q.permute(q_dims) is q again); out_of(stored) gives the output
+    back as [B, Hq, L, Ev]."""
+    inverse = [HEADS_MAJOR.index(i) for i in range(4)]
+    stored_q = q.permute(*inverse).contiguous() if attrs.get("q_dims") else q
+
+    def out_of(stored):
+        return stored.permute(*inverse) if attrs.get("out_dims") else stored
+
+    return stored_q, out_of
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("l, s", [(1, 31), (3, 257), (7, 11), (67, 130)])
+def test_layouts_over_gqa_causal_prime_shapes(layout, l, s):
+    """Decode (l <= 8, one pass and split) and prefill, GQA, the last l of s positions causal
+    (a cache's rows, so even one query row sees every key), a head dim of 29 (f32 loads) and
+    of 64 (vec4 loads)."""
+    keep = torch.ones(l, s, dtype=torch.bool).tril(s - l)
+    attrs = {**sdpa_attrs(causal=True, gqa=True), **LAYOUTS[layout], "causal_offset": s - l}
+    for e, ev in ((29, 29), (64, 16)):
+        q, k, v = qkv(1, 6, 2, l, s, e, ev)
+        stored_q, out_of = through_layouts(q, attrs)
+        want = reference(q, k, v, mask=keep, gqa=True)
+        for got in both_paths([stored_q, k, v, None], attrs):
+            check(out_of(got), want)
+
+
+@pytest.mark.parametrize("forced", [attention.PREFILL_TILES[-1], None])
+def test_layouts_through_the_prefill_tile_and_the_flash_fallback(monkeypatch, forced):
+    monkeypatch.setattr(attention, "PREFILL_TILES", (forced,) if forced else ())
+    attrs = {**sdpa_attrs(causal=True, gqa=True), **LAYOUTS["both"]}
+    q, k, v = qkv(2, 6, 3, 67, 130, 64)
+    stored_q, out_of = through_layouts(q, attrs)
+    got, entries = run_split([stored_q, k, v, None], attrs)
+    assert entries == ["decode", "prefill" if forced else "flash", "combine"]
+    check(out_of(got), reference(q, k, v, causal=True, gqa=True))
+
+
+def test_layouts_with_a_cache_window_and_a_float_mask():
+    q, k, v = qkv(1, 4, 2, 5, 300, 64)
+    attrs = {**sdpa_attrs(causal=True, gqa=True), **LAYOUTS["both"], "kv_len": 150,
+             "causal_offset": 145}
+    stored_q, out_of = through_layouts(q, attrs)
+    keep = torch.ones(5, 150, dtype=torch.bool).tril(145)
+    want = reference(q, k[:, :, :150], v[:, :, :150], mask=keep, gqa=True)
+    for got in both_paths([stored_q, k, v, None], attrs):
+        check(out_of(got), want)
+    mask, attrs = rand(1, 1, 5, 300), {**sdpa_attrs(gqa=True), **LAYOUTS["both"]}
+    for got in both_paths([stored_q, k, v, mask], attrs):
+        check(out_of(got), reference(q, k, v, mask, gqa=True))
 
 
 # ---- NaN / Inf, as eager torch ------------------------------------------------------------

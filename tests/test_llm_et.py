@@ -111,6 +111,33 @@ def test_a_webgpu_decode_step_moves_only_the_token_the_params_prefix_and_the_log
         prog.destroy()
 
 
+def _decode_cost(n_layers: int) -> tuple:
+    """(params block bytes, a decode step's upload bytes, its logits, eager's) of a tiny
+    Llama of n_layers on webgpu, after a prefill of 5."""
+    eager, prog, _ = _lowered("webgpu", n_layers=n_layers)
+    try:
+        m = prog.load_method("forward")
+        (backend, handle), = m.delegates
+        prefill, token = _steps(5, decode=1)
+        m.execute([prefill, torch.tensor([0])])
+        got = _logits(m.execute([token, torch.tensor([5])]))
+        eager(prefill, {"input_pos": torch.tensor([0])})
+        want = _logits(eager(token, {"input_pos": torch.tensor([5])}))
+        info = backend.describe(handle)
+        return info["params_bytes"], info["transfers"]["upload_bytes"], got, want
+    finally:
+        prog.destroy()
+
+
+def test_layers_share_params_so_a_decode_step_uploads_the_same_bytes_at_any_depth():
+    # Each layer's steps are twins of layer 0's (same op, shapes, attrs): they share its
+    # params slots, so neither the block nor a decode step's params prefix grows with depth.
+    two, six = _decode_cost(2), _decode_cost(6)
+    assert six[0] == two[0] and six[1] == two[1], (two[:2], six[:2])
+    for _, _, got, want in (two, six):
+        torch.testing.assert_close(got, want, **tol("model", "webgpu"))
+
+
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_a_position_past_the_cache_is_a_typed_error(device):
     from delegate.errors import InputError

@@ -2,15 +2,20 @@
 interleaved rotation (executorch's apply_rotary_emb) and HF's q * cos + rotate_half(q) * sin
 (executorch's hf_apply_rotary_emb, a copy of transformers', full and partial) become one rope
 per tensor rotated, within 1e-6 of the unfused lowering on both executors; anything else
-lowers byte-identically to the passes-off lowering.
+lowers byte-identically to the passes-off lowering. Two rotations by the same tables (a layer's
+q and k) become one rope_pair, one dispatch, bit for bit the two ropes; where they may not
+pair, they lower byte-identically to the lowering with pairing off.
 
 References: the kernel against a float64 per-channel loop written from the rotation's
 definition; fused programs against the same model lowered with passes="none" (UNFUSED) and
 against eager float32 (the model tolerance).
 """
+import functools
+
 import pytest
 import torch
-from executorch.examples.models.llama.rope import apply_rotary_emb, hf_apply_rotary_emb
+from executorch.examples.models.llama.rope import (apply_rotary_emb, hf_apply_rotary_emb,
+                                                   rotate_half)
 from executorch.exir import EdgeCompileConfig, to_edge
 from torch import nn
 
@@ -21,7 +26,7 @@ from delegate.ops import get_op
 from delegate.passes import rope
 from delegate.runtime.program import Runtime
 from tests.test_batch_norm import _blobs, _ops
-from tests.test_kernels_cpu import run1, threads  # noqa: F401  (threads: a fixture)
+from tests.test_kernels_cpu import run, run1, threads  # noqa: F401  (threads: a fixture)
 from tests.test_kernels_wgsl import run_wgsl
 from tests.test_llm_et import VOCAB, _logits, _steps, tiny_llama
 from tests.test_models import run_pte
@@ -66,10 +71,10 @@ def _operands(layout, width):
     return torch.randn(x_shape, dtype=torch.float64), angles.cos(), angles.sin()
 
 
-def _run_kernel(device, ins, attrs):
+def _run_kernel(device, op, ins, attrs) -> list:
     if device == "cpu":
-        return run1("rope", [t.float() for t in ins], **attrs)
-    return run_wgsl("rope", ins, attrs)[0]
+        return run(op, [t.float() for t in ins], **attrs)
+    return run_wgsl(op, ins, attrs)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -79,12 +84,39 @@ def _run_kernel(device, ins, attrs):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_rope_kernel_matches_float64(device, style, per, rotary_dim, layout):
     x, cos, sin = _operands(layout, rotary_dim // 2 if per == "pair" else rotary_dim)
-    got = _run_kernel(device, [x, cos, sin], {"style": style, "rotary_dim": rotary_dim})
+    got, = _run_kernel(device, "rope", [x, cos, sin], {"style": style, "rotary_dim": rotary_dim})
     want = _reference(x, cos, sin, style, rotary_dim)
     assert tuple(got.shape) == tuple(x.shape)
     torch.testing.assert_close(got.double(), want, **tol("elementwise", device))
     # channels past rotary_dim are x itself, bit for bit
     assert torch.equal(got[..., rotary_dim:], x[..., rotary_dim:].float())
+
+
+PAIR_LAYOUTS = {   # q's shape, k's (fewer heads: GQA), the tables' leading dims
+    "et": ((1, T, 5, D), (1, T, H, D), (1, T, 1)),
+    "hf": ((2, 5, T, D), (2, H, T, D), (T,)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("style", ["interleaved", "half"])
+@pytest.mark.parametrize("per", ["pair", "channel"])
+@pytest.mark.parametrize("rotary_dim", [6, D], ids=["partial6", "full"])
+@pytest.mark.parametrize("layout", sorted(PAIR_LAYOUTS))
+def test_rope_pair_kernel_is_two_ropes_bit_for_bit(device, style, per, rotary_dim, layout):
+    torch.manual_seed(0)
+    q_shape, k_shape, lead = PAIR_LAYOUTS[layout]
+    angles = torch.randn(lead + (rotary_dim // 2 if per == "pair" else rotary_dim,),
+                         dtype=torch.float64) * 3
+    q, k, cos, sin = (torch.randn(q_shape, dtype=torch.float64),
+                      torch.randn(k_shape, dtype=torch.float64), angles.cos(), angles.sin())
+    attrs = {"style": style, "rotary_dim": rotary_dim}
+    pair = _run_kernel(device, "rope_pair", [q, k, cos, sin], attrs)
+    for x, got in zip((q, k), pair):
+        alone, = _run_kernel(device, "rope", [x, cos, sin], attrs)
+        assert torch.equal(got, alone)
+        torch.testing.assert_close(got.double(), _reference(x, cos, sin, style, rotary_dim),
+                                   **tol("elementwise", device))
 
 
 def test_rope_cpu_kernel_splits_a_large_tensor_over_the_pool(threads):
@@ -115,17 +147,26 @@ def test_rope_infer_keeps_x_shape():
         (1, 7, 3, 10)]
 
 
+def test_rope_pair_infer_keeps_each_shape_and_checks_each_against_the_tables():
+    attrs, tables = {"style": "half", "rotary_dim": 10}, [(1, 7, 1, 10)] * 2
+    infer = get_op("rope_pair").infer
+    assert infer([(1, 7, 5, 10), (1, 7, 3, 10), *tables], attrs) == [(1, 7, 5, 10), (1, 7, 3, 10)]
+    with pytest.raises(DelegateError, match="rope cos"):   # k's 5 positions do not take 7
+        infer([(1, 7, 5, 10), (1, 5, 3, 10), *tables], attrs)
+
+
 # ---- where it fires: ExecuTorch's Llama ----------------------------------------------------------
 # form -> (ModelArgs overrides, style, rotary_dim, webgpu dispatches the pass saves per layer)
-FORMS = {
-    "interleaved": ({}, "interleaved", 16, 18),                   # 2 x (10 dispatches -> 1)
-    "half": ({"use_hf_rope": True}, "half", 16, 16),              # 2 x (9 -> 1)
-    "half-partial": ({"use_hf_rope": True, "partial_rotary_factor": 0.5}, "half", 8, 22),
+FORMS = {   # q and k: 2 x n dispatches -> 1 rope_pair
+    "interleaved": ({}, "interleaved", 16, 19),                   # n = 10
+    "half": ({"use_hf_rope": True}, "half", 16, 17),              # n = 9
+    "half-partial": ({"use_hf_rope": True, "partial_rotary_factor": 0.5}, "half", 8, 23),
 }
 LAYERS = 2   # tests/test_llm_et.py's ARGS
 ALL_BUT_ROPE = ",".join(n for n in passes.PASSES if n != "rope")
 
 
+@functools.lru_cache(maxsize=None)   # a llama takes seconds to lower: once per argument set
 def _llama_pm(form, device, passes=None):
     seq = torch.export.Dim("T", min=1, max=16)
     example = [torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])}]
@@ -133,22 +174,37 @@ def _llama_pm(form, device, passes=None):
                   dynamic_shapes=({1: seq}, {"input_pos": None}))
 
 
-def _logits_per_step(pm, device, steps) -> list:
+def _llama_unpaired(form, device, monkeypatch):
+    """The llama lowered by every pass, with pairing off: two ropes per layer."""
+    with monkeypatch.context() as patch:
+        patch.setattr(rope, "_pairable", lambda first, second, place: False)
+        return _llama_pm.__wrapped__(form, device)
+
+
+def _executed(pm, device, steps) -> tuple:
+    """(logits per step, the delegate's describe(), its dispatch_list() on WebGPU else [])."""
     prog = Runtime.get().load_program(pm.buffer, device=device)
     try:
         m, pos, out = prog.load_method("forward"), 0, []
         for tokens in steps:
             out.append(_logits(m.execute([tokens, torch.tensor([pos])])))
             pos += tokens.shape[1]
-        return out
+        (_, executor), = m.delegates
+        return out, executor.describe(), executor.dispatch_list() if device == "webgpu" else []
     finally:
         prog.destroy()
 
 
+def _logits_per_step(pm, device, steps) -> list:
+    return _executed(pm, device, steps)[0]
+
+
 def _ropes(pm) -> list:
+    """(op, attrs) of every rope and rope_pair node of pm's blobs."""
     from delegate import blob
 
-    return [n.attrs for b in _blobs(pm) for n in blob.decode(b).nodes if n.op == "rope"]
+    return [(n.op, n.attrs) for b in _blobs(pm) for n in blob.decode(b).nodes
+            if n.op in ("rope", "rope_pair")]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -157,7 +213,7 @@ def test_pass_fuses_tiny_llama_rotations_within_1e6_of_unfused_and_eager(device,
     overrides, style, rotary_dim, _ = FORMS[form]
     fused, unfused = _llama_pm(form, device), _llama_pm(form, device, passes="none")
     assert undelegated_ops(fused) == []
-    assert _ropes(fused) == [{"style": style, "rotary_dim": rotary_dim}] * (2 * LAYERS)
+    assert _ropes(fused) == [("rope_pair", {"style": style, "rotary_dim": rotary_dim})] * LAYERS
     assert _ropes(unfused) == []
     steps = _steps(7, decode=3)   # a prefill, then decode steps on the same cache
     got, base = _logits_per_step(fused, device, steps), _logits_per_step(unfused, device, steps)
@@ -170,14 +226,7 @@ def test_pass_fuses_tiny_llama_rotations_within_1e6_of_unfused_and_eager(device,
 
 
 def _dispatches(pm) -> int:
-    prog = Runtime.get().load_program(pm.buffer, device="webgpu")
-    try:
-        m = prog.load_method("forward")
-        m.execute([torch.randint(0, VOCAB, (1, 5)), torch.tensor([0])])
-        (backend, handle), = m.delegates
-        return backend.describe(handle)["dispatches"]
-    finally:
-        prog.destroy()
+    return _executed(pm, "webgpu", [torch.randint(0, VOCAB, (1, 5))])[1]["dispatches"]
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -186,6 +235,23 @@ def test_pass_cuts_webgpu_dispatches_per_layer(form):
     with_rope = _dispatches(_llama_pm(form, "webgpu"))
     without = _dispatches(_llama_pm(form, "webgpu", passes=ALL_BUT_ROPE))
     assert without - with_rope == saved_per_layer * LAYERS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_pair_rotates_q_and_k_of_a_layer_in_one_dispatch_bit_for_bit_two_ropes(device, form,
+                                                                              monkeypatch):
+    style, steps = FORMS[form][1], _steps(7, decode=2)
+    paired = _executed(_llama_pm(form, device), device, steps)
+    alone = _executed(_llama_unpaired(form, device, monkeypatch), device, steps)
+    assert [op for op in paired[1]["ops"] if op.startswith("rope")] == ["rope_pair"] * LAYERS
+    assert [op for op in alone[1]["ops"] if op.startswith("rope")] == ["rope"] * (2 * LAYERS)
+    if device == "webgpu":
+        kernels = [[d[1] for d in run[2] if d[0].startswith("rope")] for run in (paired, alone)]
+        assert kernels == [[f"rope_pair_{style}"] * LAYERS, [f"rope_{style}"] * (2 * LAYERS)]
+        assert alone[1]["dispatches"] - paired[1]["dispatches"] == LAYERS
+    for p, a in zip(paired[0], alone[0]):
+        assert torch.equal(p, a)
 
 
 # ---- the rotation alone: where it fires, and where it does not -----------------------------------
@@ -221,13 +287,13 @@ FIRES = {   # name -> (fn, table width, style, rotary_dim, the tables' reshape)
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(FIRES))
-def test_pass_fuses_each_rotated_tensor_into_one_rope(device, name):
+def test_pass_fuses_q_and_k_rotations_into_one_rope_pair(device, name):
     fn, width, style, rotary_dim, reshape = FIRES[name]
     model, inputs = Rotary(fn), _inputs(width)
     pm = _lower(model, inputs, device)
     assert undelegated_ops(pm) == []
-    assert _ops(pm) == [reshape, reshape, "rope", "rope"]   # cos and sin reshaped once, shared
-    assert _ropes(pm) == [{"style": style, "rotary_dim": rotary_dim}] * 2
+    assert _ops(pm) == [reshape, reshape, "rope_pair"]   # cos and sin reshaped once, shared
+    assert _ropes(pm) == [("rope_pair", {"style": style, "rotary_dim": rotary_dim})]
     (q, k), = run_pte(pm, [inputs], device)
     want_q, want_k = fn(*[t.double() for t in inputs])
     torch.testing.assert_close(q.double(), want_q, **tol("elementwise", device))
@@ -319,6 +385,46 @@ def test_pass_refuses_float64_operands():
         assert bool(rope.detect(edge.exported_program().graph)) == fires, dtype
 
 
+def _k_by_other_tables(q, k, cos, sin):
+    """q by (cos, sin), k by (sin, cos): the angle pi/2 - a, tables q's rotation does not read."""
+    return apply_rotary_emb(q, k, cos, sin)[0], apply_rotary_emb(q, k, sin, cos)[1]
+
+
+def _q_read_before_k_rotates(q, k, cos, sin):
+    c, s = cos[:, None], sin[:, None]
+    q_out = q * c + rotate_half(q) * s
+    scaled = q_out * 2.0   # traced before k's rotation: a pair emitted at k's would come late
+    return scaled, k * c + rotate_half(k) * s
+
+
+def _q_rotated_twice(q, k, cos, sin):
+    c, s = cos[:, None], sin[:, None]
+    once = q * c + rotate_half(q) * s
+    return (once * c + rotate_half(once) * s,)
+
+
+NO_PAIR = {   # name -> (fn, table width): two ropes that must stay two
+    "k-by-other-tables": (_k_by_other_tables, D // 2),
+    "q-read-before-k-rotates": (_q_read_before_k_rotates, D),
+    "q-rotated-twice": (_q_rotated_twice, D),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(NO_PAIR))
+def test_ropes_that_may_not_pair_lower_as_with_pairing_off_and_run(device, name, monkeypatch):
+    fn, width = NO_PAIR[name]
+    model, inputs = Rotary(fn), _inputs(width)
+    pm = _lower(model, inputs, device)
+    with monkeypatch.context() as patch:
+        patch.setattr(rope, "_pairable", lambda first, second, place: False)
+        assert _blobs(pm) == _blobs(_lower(model, inputs, device))
+    assert [op for op, _ in _ropes(pm)] == ["rope", "rope"]
+    got, = run_pte(pm, [inputs], device)
+    for g, w in zip(got, model(*[t.double() for t in inputs])):
+        torch.testing.assert_close(g.double(), w, **tol("elementwise", device))
+
+
 # ---- the compile spec --------------------------------------------------------------------------
 @pytest.mark.parametrize("spec", ["none", ALL_BUT_ROPE])
 def test_compile_spec_without_rope_keeps_the_unfused_rotation(spec):
@@ -330,4 +436,4 @@ def test_compile_spec_without_rope_keeps_the_unfused_rotation(spec):
 
 def test_compile_spec_naming_rope_alone_fuses():
     model, inputs = Rotary(apply_rotary_emb), _inputs(D // 2)
-    assert _ops(_lower(model, inputs, "cpu", passes="rope")) == ["view", "view", "rope", "rope"]
+    assert _ops(_lower(model, inputs, "cpu", passes="rope")) == ["view", "view", "rope_pair"]

@@ -9,6 +9,12 @@ Over a KV cache: only the first kv_len keys exist, and causal rows sit at causal
 row i sees keys j <= i + causal_offset). ExecuTorch's Llama masks the cache with rows
 [pos, pos + L) of a causal buffer; the lowering turns that mask into causal_offset = pos and
 kv_len = pos + L, so a decode step at position 127 reads 128 keys, not the whole cache.
+
+Layouts: q_dims reads input 0 through a permutation (q = input.permute(q_dims)) and out_dims
+writes the output through one (the stored output is out.permute(out_dims)); empty: as is.
+Both keep the head dim last, so each row of q and of the output stays contiguous. They take
+Llama's q.transpose(1, 2) and the transpose back into the attention (delegate/passes/
+sdpa_layout.py) without a copy of their own.
 """
 from __future__ import annotations
 
@@ -22,9 +28,18 @@ from delegate.ops._common import arg, broadcast, claiming_device, one_input
 _MASK_DTYPES = (torch.bool, torch.float32)
 
 
+def _layout(dims, rank: int = 4) -> list:
+    """A q_dims / out_dims attribute as a permutation (empty: the identity), checked."""
+    perm = list(dims or range(rank))
+    expect(sorted(perm) == list(range(rank)) and perm[-1] == rank - 1, DelegateError,
+           "sdpa layout", f"a permutation of {rank} dims keeping the last", dims)
+    return perm
+
+
 def _infer_sdpa(in_shapes, attrs):
     one_input(in_shapes, 3)
     q, k, v = (tuple(s) for s in in_shapes[:3])
+    q = tuple(q[i] for i in _layout(attrs.get("q_dims"), len(q)))   # q as the kernel reads it
     mask = in_shapes[3] if len(in_shapes) > 3 else None
     for name, s in (("query", q), ("key", k), ("value", v)):
         expect(len(s) == 4, DelegateError, f"sdpa {name} rank", 4, f"{len(s)} {s}")
@@ -43,16 +58,23 @@ def _infer_sdpa(in_shapes, attrs):
         scores = (q[0], q[1], q[2], k[2])
         expect(broadcast(scores, mask) == scores, DelegateError, "sdpa attn_mask",
                f"broadcastable to {scores}", tuple(mask))
-    return [(q[0], q[1], q[2], v[3])]
+    out = (q[0], q[1], q[2], v[3])
+    return [tuple(out[i] for i in _layout(attrs.get("out_dims")))]   # the output as stored
 
 
 def _lower_sdpa(ctx, node):
+    lower_sdpa(ctx, node)
+
+
+def lower_sdpa(ctx, node, q=None, q_dims=(), out=None, out_dims=()):
+    """The sdpa of fx node `node`, reading q from `q` through q_dims (default: the node's
+    query as is) and writing the value of fx node `out` through out_dims (default: its own)."""
     k, v, gqa = node.args[1], node.args[2], bool(arg(node, 7, "enable_gqa", False))
     bases = _repeated_heads(k), _repeated_heads(v)
     if all(b is not None for b in bases) and bases[0][1] == bases[1][1]:
         (k, _), (v, _) = bases   # the kernel's GQA reads kv head h // rep: no copies
         gqa = True
-    ins = [ctx.tensor(node.args[0]), ctx.tensor(k), ctx.tensor(v)]
+    ins = [ctx.tensor(node.args[0] if q is None else q), ctx.tensor(k), ctx.tensor(v)]
     mask = arg(node, 3, "attn_mask")
     causal, kv_len, offset = bool(arg(node, 5, "is_causal", False)), None, 0
     window = _cache_window(node, mask)
@@ -60,10 +82,10 @@ def _lower_sdpa(ctx, node):
         mask, causal, (offset, kv_len) = None, True, window
     ins.append(ctx.optional_tensor(mask))
     scale = arg(node, 6, "scale")
-    ctx.emit("sdpa", ins, [ctx.output(node)], is_causal=causal,
+    ctx.emit("sdpa", ins, [ctx.output(node if out is None else out)], is_causal=causal,
              scale=None if scale is None else float(scale),
              enable_gqa=gqa, kv_len=kv_len,
-             causal_offset=offset)
+             causal_offset=offset, q_dims=list(q_dims), out_dims=list(out_dims))
 
 
 def _repeated_heads(x):
@@ -145,7 +167,8 @@ register_op("sdpa", ("aten.scaled_dot_product_attention.default",), _infer_sdpa,
             check=_check_sdpa, keep=("aten.scaled_dot_product_attention.default",),
             doc="softmax(q k^T * scale + mask) v; causal, masks, GQA; no dropout",
             attrs={"is_causal": "bool", "scale": "float?", "enable_gqa": "bool",
-                   "kv_len": "symint?", "causal_offset": "symint"}, arity=(4, 1))
+                   "kv_len": "symint?", "causal_offset": "symint", "q_dims": "ints",
+                   "out_dims": "ints"}, arity=(4, 1))
 
 
 # ExecuTorch's llama.custom_sdpa (source_transformation/sdpa.py): q [B, L, Hq, D] at positions
@@ -197,7 +220,7 @@ def _lower_custom_sdpa(ctx, node):
     scale = arg(node, 7, "scale")
     ctx.emit("sdpa", [q, k, v, -1], [heads], is_causal=True,
              scale=None if scale is None else float(scale), enable_gqa=True,
-             kv_len=host_values.plus(start, rows), causal_offset=start)
+             kv_len=host_values.plus(start, rows), causal_offset=start, q_dims=[], out_dims=[])
     ctx.emit("permute", [heads], [ctx.output(node)], dims=[0, 2, 1, 3])
 
 

@@ -10,8 +10,12 @@ A table's last dim is R/2 (one angle per pair, cos_a = cos_b = cos[i]) or R (one
 channel, as HF's cos = cat(freqs, freqs) stores it); its leading dims broadcast to x's
 leading dims (right-aligned, each equal or 1). cos and sin have one shape.
 
-It has no edge target: only the graph pass delegate/passes/rope.py emits it. Its kernels are
-kernels_cpu/rope.py and kernels_wgsl/rope.*.
+rope_pair is two ropes of one layer's q and k in one node: (q, k, cos, sin) -> (q', k'),
+each output exactly its own rope's (the same arithmetic per element), q and k free to differ
+in shape (GQA head counts). It saves a dispatch per layer on WebGPU.
+
+Neither has an edge target: only the graph pass delegate/passes/rope.py emits them. Their
+kernels are kernels_cpu/rope.py and kernels_wgsl/rope.*.
 """
 from __future__ import annotations
 
@@ -44,13 +48,23 @@ def _infer_rope(in_shapes, attrs):
     return [x]
 
 
+def _infer_rope_pair(in_shapes, attrs):
+    one_input(in_shapes, 4)
+    q, k, cos, sin = in_shapes[:4]
+    return _infer_rope([q, cos, sin], attrs) + _infer_rope([k, cos, sin], attrs)
+
+
 def _lower_rope(ctx, node):
     # unreachable through the registry (no targets); says so if a plugin routes a node here
-    raise UnsupportedError(f"node {node.name}: expected rope only from the rope pass "
-                           f"(delegate/passes/rope.py), got an edge node lowered as it")
+    raise UnsupportedError(f"node {node.name}: expected rope and rope_pair only from the rope "
+                           f"pass (delegate/passes/rope.py), got an edge node lowered as it")
 
 
 register_op("rope", (), _infer_rope, _lower_rope,
             doc="rotary embedding of x by cos/sin tables, interleaved or rotate-half pairs, "
                 "partial rotary_dim; emitted by the rope pass",
             attrs={"style": "str", "rotary_dim": "int"}, arity=(3, 1))
+register_op("rope_pair", (), _infer_rope_pair, _lower_rope,
+            doc="two ropes of one cos/sin pair in one node (a layer's q and k), each output "
+                "bit for bit its own rope's; emitted by the rope pass",
+            attrs={"style": "str", "rotary_dim": "int"}, arity=(4, 2))

@@ -15,11 +15,12 @@ from delegate.passes import fuse_linear
 from delegate.passes import residual_add
 from delegate.passes import rms_norm
 from delegate.passes import rope
+from delegate.passes import sdpa_layout
 from delegate.passes import swiglu
 
 PASSES = {"fold_batch_norm": fold_batch_norm.detect, "fuse_linear": fuse_linear.detect,
           "residual_add": residual_add.detect, "swiglu": swiglu.detect,
-          "rms_norm": rms_norm.detect, "rope": rope.detect}
+          "rms_norm": rms_norm.detect, "rope": rope.detect, "sdpa_layout": sdpa_layout.detect}
 SPEC_KEY = "passes"
 
 

@@ -20,6 +20,12 @@ and every absorbed intermediate has all its consumers inside the pattern and is 
 output. The root (the final view, cat or add) emits rope and writes its own output; the
 absorbed nodes emit nothing. cos and sin stay tensor inputs: their views are shared by the
 q and k rotations of a layer.
+
+Two matches of the same cos and sin nodes, style and rotary_dim (a layer's q and k; their
+head counts may differ) become one rope_pair, emitted at the later root and writing both
+outputs; the earlier root emits nothing. They pair only where nothing reads the earlier
+root's output before the later root; matches are paired in graph order, a leftover stays a
+rope.
 """
 from __future__ import annotations
 
@@ -47,13 +53,37 @@ ALIAS = "aten.alias_copy.default"
 def detect(graph) -> dict:
     # Matches never overlap: every absorbed node feeds only nodes of its own match.
     rewrites = {}
-    for node in graph.nodes:
-        match = _match_interleaved(node) or _match_half(node)
-        if match is not None:
-            root, x, cos, sin, style, rotary_dim, absorbed = match
-            rewrites[root] = _lower_rope(x, cos, sin, style, rotary_dim)
-            rewrites.update((n, _lower_nothing) for n in absorbed)
+    for group in _groups(graph):
+        for root, *_, absorbed in group:
+            rewrites.update((n, _lower_nothing) for n in [root, *absorbed])
+        rewrites[group[-1][0]] = _lower_group(group)
     return rewrites
+
+
+def _groups(graph) -> list:
+    """The matches in graph order, each alone or paired with the next match of the same cos
+    and sin nodes, style and rotary_dim (a layer's q and k) where _pairable allows."""
+    nodes = list(graph.nodes)
+    place = {n: i for i, n in enumerate(nodes)}
+    groups, unpaired = [], {}   # (cos, sin, style, rotary_dim) -> index in groups
+    for node in nodes:
+        match = _match_interleaved(node) or _match_half(node)
+        if match is None:
+            continue
+        key = match[2:6]
+        i = unpaired.pop(key, None)
+        if i is not None and _pairable(groups[i][0], match, place):
+            groups[i].append(match)
+        else:
+            unpaired[key] = len(groups)
+            groups.append([match])
+    return groups
+
+
+def _pairable(first, second, place) -> bool:
+    """The pair is emitted at the second root, so nothing may read the first root's output
+    before it (this also keeps the second rotation from reading the first's)."""
+    return all(place[user] > place[second[0]] for user in first[0].users)
 
 
 # ---- node tests --------------------------------------------------------------------------------
@@ -273,9 +303,15 @@ def _match_half(add) -> Optional[tuple]:
 
 
 # ---- lowering ----------------------------------------------------------------------------------
-def _lower_rope(x, cos, sin, style: str, rotary_dim: int):
+def _lower_group(group):
+    """rope for one match; rope_pair, writing both roots' outputs, for two."""
+    _, _, cos, sin, style, rotary_dim, _ = group[0]
+
     def lower(ctx, node):
-        ctx.emit("rope", [ctx.tensor(x), ctx.tensor(cos), ctx.tensor(sin)], [ctx.output(node)],
-                 style=style, rotary_dim=rotary_dim)
+        # inputs before outputs, as the single rope always made its value ids
+        ins = [ctx.tensor(t) for t in [*(x for _, x, *_ in group), cos, sin]]
+        outs = [ctx.output(root) for root, *_ in group]
+        ctx.emit("rope" if len(group) == 1 else "rope_pair", ins, outs, style=style,
+                 rotary_dim=rotary_dim)
 
     return lower

@@ -581,6 +581,7 @@ class WebGpuExecutor:
                 "activation_bytes": sum(s.nbytes for s in getattr(self, "_slots", [])),
                 "weight_bytes": sum(b.size for b in getattr(self, "_weights", {}).values()),
                 "state_bytes": sum(b.size for b in getattr(self, "_states", {}).values()),
+                "params_bytes": getattr(self, "_params_bytes", 0),
                 "transfers": vars(self.transfers),
                 "shader_f16": self._gpu.has_f16, "timestamps": self._gpu.has_timestamps,
                 "plans": vars(self.plan.stats) if self.plan else {}}
