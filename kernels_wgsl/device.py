@@ -116,6 +116,41 @@ class _CachedPipeline:
     users: int = 0
 
 
+@dataclass(frozen=True)
+class RawPassCalls:
+    """wgpu-native's compute-pass calls without wgpu-py's per-call error capture.
+
+    wgpu-py wraps every C call in a proxy that captures and re-raises validation errors; for
+    the three calls of a dispatch that costs ~2 µs each, most of the host time of a decode
+    step (cProfile on the H200: proxy_func 54% of execute). Pass commands are validated when
+    the encoder finishes (WebGPU's deferred errors), and that call stays proxied, so an
+    invalid dispatch still raises a GPUValidationError from our finish()."""
+    set_pipeline: object
+    set_bind_group: object
+    dispatch: object
+    null: object
+
+    @staticmethod
+    def handle(obj):
+        """The C handle of a wgpu-py object (kept alive by the object itself)."""
+        return obj._internal
+
+
+def raw_pass_calls():
+    """RawPassCalls, or None when wgpu-py's native backend does not expose them or
+    ETWGPU_CHECKED_ENCODE=1 asks for wgpu-py's checked calls."""
+    if os.environ.get("ETWGPU_CHECKED_ENCODE") == "1":
+        return None
+    try:
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+        return RawPassCalls(lib.wgpuComputePassEncoderSetPipeline,
+                            lib.wgpuComputePassEncoderSetBindGroup,
+                            lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+    except (ImportError, AttributeError):   # another wgpu-py backend or layout
+        return None
+
+
 @dataclass
 class GpuDevice:
     adapter: object

@@ -138,6 +138,32 @@ def test_layers_share_params_so_a_decode_step_uploads_the_same_bytes_at_any_dept
         torch.testing.assert_close(got, want, **tol("model", "webgpu"))
 
 
+def test_decode_steps_whose_position_changes_the_key_splits_regrid_sdpa():
+    # WebGPU's decode sdpa splits the live keys into groups of 64 (flash-decoding): kv_len
+    # 61 -> 1 split (no combine), 65 -> 2, 129 -> 3. One decode binding serves all of these
+    # positions, so the grids (and the combine's presence) must follow each execute's offset.
+    eager, prog, _ = _lowered("webgpu", max_seq_len=160, max_context_len=160)
+    try:
+        m, pos = prog.load_method("forward"), 0
+        torch.manual_seed(2)
+        for tokens in [torch.randint(0, VOCAB, (1, 15)) for _ in range(4)] + \
+                [torch.randint(0, VOCAB, (1, 1)) for _ in range(10)] + \
+                [torch.randint(0, VOCAB, (1, 16)) for _ in range(3)] + \
+                [torch.randint(0, VOCAB, (1, 1)) for _ in range(4)]:
+            got = _logits(m.execute([tokens, torch.tensor([pos])]))
+            want = _logits(eager(tokens, {"input_pos": torch.tensor([pos])}))
+            torch.testing.assert_close(got, want, **tol("model", "webgpu"), msg=f"at {pos}")
+            pos += tokens.shape[1]
+        assert pos == 60 + 10 + 48 + 4   # kv_len 61..70, then 119..122 at 2 splits
+        for pos in (126, 127, 128):       # back across 128 -> 129 keys: 3 splits
+            tokens = torch.randint(0, VOCAB, (1, 1))
+            got = _logits(m.execute([tokens, torch.tensor([pos])]))
+            want = _logits(eager(tokens, {"input_pos": torch.tensor([pos])}))
+            torch.testing.assert_close(got, want, **tol("model", "webgpu"), msg=f"at {pos}")
+    finally:
+        prog.destroy()
+
+
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_a_position_past_the_cache_is_a_typed_error(device):
     from delegate.errors import InputError

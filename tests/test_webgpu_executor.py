@@ -107,6 +107,40 @@ def test_dynamic_shapes_rewrite_params_per_execute():
         ex.destroy()
 
 
+def test_raw_pass_calls_encode_what_the_checked_calls_encode(monkeypatch):
+    # RawPassCalls skip wgpu-py's per-call error capture; the results must not change
+    graph, weights = dynamic_block()
+    xs = [torch.randn(seq, 32) for seq in (3, 16, 1)]
+    results = {}
+    for checked in ("0", "1"):
+        monkeypatch.setenv("ETWGPU_CHECKED_ENCODE", checked)
+        ex = WebGpuExecutor(graph, weights)
+        try:
+            assert (ex._raw is None) == (checked == "1")
+            results[checked] = [ex.execute([x])[0] for x in xs]
+        finally:
+            ex.destroy()
+    for raw, checked in zip(results["0"], results["1"]):
+        assert torch.equal(raw, checked)
+
+
+def test_an_invalid_raw_dispatch_still_raises_when_the_encoder_finishes():
+    import wgpu
+
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        assert ex._raw is not None   # wgpu-py's native backend, as CI installs it
+        b = ex.plan.binding_for([torch.randn(3, 32)])
+        d, _ = b.payload.dispatches[0]
+        encoder = ex._gpu.device.create_command_encoder()
+        ex._encode(encoder.begin_compute_pass(), [(d, (1 << 20, 1))])   # > 65,535 groups
+        with pytest.raises(wgpu.GPUValidationError, match="65535"):
+            encoder.finish()
+    finally:
+        ex.destroy()
+
+
 def test_input_above_its_upper_bound_raises_input_error():
     graph, weights = dynamic_block()
     ex = WebGpuExecutor(graph, weights)
