@@ -94,12 +94,18 @@ def one_op(args) -> list:
 def _kernel_only_us(executor, x) -> float:
     """The same prepared kernel calls, called straight (what a node costs without us)."""
     b = executor.plan.binding_for([x])
-    calls, scratch = b.payload.calls, executor._scratch_view
+    r = b.payload
+    calls, scratch = r.calls, executor._scratch_view
+    executor._bind_inputs(r, [x])   # as execute patches them in
+    executor._bind_outputs(r, None)
 
     def run():
         for fn, ins, outs, attrs in calls:
             fn(ins, outs, attrs, scratch)
-    return min_us(run, 500)
+    try:
+        return min_us(run, 500)
+    finally:
+        executor._bind_inputs(r, None)
 
 
 def chain(args) -> list:

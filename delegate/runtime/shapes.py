@@ -58,6 +58,11 @@ def check_tensor_kind(what: str, t, dtype: torch.dtype, rank: int) -> None:
 
 def _odd_kind(t: torch.Tensor) -> str:
     """What makes t other than a dense CPU tensor whose bytes can be read, or ""."""
+    # the common case in ~0.5 µs (each execute checks every input; t.device and a Python
+    # walk of the strides cost 0.3-0.5 µs each): contiguous strides are never negative
+    if (t.is_cpu and t.layout is torch.strided and not t.is_nested and not t.is_quantized
+            and t.is_contiguous()):
+        return ""
     if t.is_nested:
         return "a nested tensor"
     if t.layout != torch.strided:
