@@ -132,18 +132,27 @@ def words(*values) -> bytes:
 
     Lists are flattened, so a `vec4<u32>` array field is a list of 4*k ints.
     """
-    flat = [x for v in values for x in (v if isinstance(v, (list, tuple)) else (v,))]
-    out = bytearray()
-    for x in flat:
+    flat = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            flat.extend(v)
+        else:
+            flat.append(v)
+    pad = bytes(-4 * len(flat) % 16)
+    try:   # all u32 (the common case): one pack, ~20x cheaper than one per word
+        return struct.pack(f"<{len(flat)}I", *flat) + pad
+    except struct.error:
+        pass
+    kinds = []
+    for k, x in enumerate(flat):
         if isinstance(x, float):
-            out += struct.pack("<f", x)
+            kinds.append("f")
             continue
-        x = int(x)
+        x = flat[k] = int(x)
         if not -(1 << 31) <= x < (1 << 32):   # sizes past 32 bits cannot be indexed in WGSL
             raise UnsupportedError(f"kernel parameter: expected a 32-bit integer, got {x}")
-        out += struct.pack("<i" if x < 0 else "<I", x)
-    out += bytes(-len(out) % 16)
-    return bytes(out)
+        kinds.append("i" if x < 0 else "I")
+    return struct.pack("<" + "".join(kinds), *flat) + pad
 
 
 MAX_RANK = 8
