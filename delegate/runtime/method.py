@@ -161,11 +161,13 @@ class Method:
         storers = [_checked_storer(self._table, i, replace=f) for i, f in zip(outs, fresh)]
         label = f"delegate {index} ({type(backend).__name__})"
         execute = backend.execute
-        dtypes = [self._table.meta[i].dtype if f else None for i, f in zip(outs, fresh)]
+        # a static output is made at its shape: no resize in the backend
+        kinds = [(self._table.meta[i].dtype, _static_sizes(self._table.meta[i])) if f else None
+                 for i, f in zip(outs, fresh)]
 
         def targets(vals):   # a fresh tensor becomes the returned output itself: no clone
-            return [torch.empty(0, dtype=d) if d is not None else vals[i]
-                    for i, d in zip(outs, dtypes)]
+            return [torch.empty(k[1], dtype=k[0]) if k is not None else vals[i]
+                    for i, k in zip(outs, kinds)]
 
         def run(vals):
             ins = [g(vals) for g in getters]
@@ -351,6 +353,11 @@ def _checked_storer(table, i: int, replace: bool = False):
                                f"got {got}")
         store(vals, r)
     return checked
+
+
+def _static_sizes(meta) -> tuple:
+    """A planned output's shape when it is static, else (0,) for the backend to resize."""
+    return tuple(meta.sizes) if meta.dynamism == STATIC else (0,)
 
 
 def _check_tensor(pos: int, meta, x) -> None:
