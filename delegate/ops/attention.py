@@ -31,7 +31,8 @@ _MASK_DTYPES = (torch.bool, torch.float32)
 def _layout(dims, rank: int = 4) -> list:
     """A q_dims / out_dims attribute as a permutation (empty: the identity), checked."""
     perm = list(dims or range(rank))
-    expect(sorted(perm) == list(range(rank)) and perm[-1] == rank - 1, DelegateError,
+    expect(bool(perm) and sorted(perm) == list(range(rank)) and perm[-1] == rank - 1,
+           DelegateError,
            "sdpa layout", f"a permutation of {rank} dims keeping the last", dims)
     return perm
 
