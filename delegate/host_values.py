@@ -15,6 +15,7 @@ kernel also reads as a tensor.
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -155,6 +156,27 @@ def _condition(node) -> Optional[Condition]:
         big, small = (a, b) if order == "a-b" else (b, a)
         out.append(_sub(_sub(big, small), minus))
     return Condition(tuple(out))
+
+
+def same_element_symbols(graph) -> dict:
+    """Symbol name -> the name of the first `.item()` symbol reading the same input element.
+    Each `.item()` gets its own unbacked symbol (older torch exports ExecuTorch's Llama with
+    one per cache write), yet at execute all readers of one element hold one value."""
+    first, names = {}, {}
+    for node in graph.nodes:
+        if node.op != "call_function" or \
+                target_name(node.target) != "aten._local_scalar_dense.default":
+            continue
+        src, val = local_scalar_source(node), node.meta.get("val")
+        if src is not None and isinstance(val, torch.SymInt) and not val.node.expr.is_number:
+            name = str(val.node.expr)
+            names[name] = first.setdefault(src, name)
+    return names
+
+
+def canonical_text(expr, names: dict) -> str:
+    """expr's text with each symbol renamed by `names` (same_element_symbols)."""
+    return re.sub(r"[A-Za-z_]\w*", lambda m: names.get(m.group(0), m.group(0)), str(expr))
 
 
 def local_scalar_source(node) -> Optional[Element]:

@@ -20,6 +20,11 @@ written straight into its own output. Tiles never straddle two outputs and each 
 tiled as its own linear_q4gsw would be, so every torch call is the unfused one's: the outputs
 are bit-identical to the unfused linears.
 
+linear_q4gsw_swiglu (gate/up and their SwiGLU product) holds the two weights' rows
+interleaved; it computes the gate tiles into its output and the up tiles into scratch, tiled
+and called as linear_q4gsw_multi does, then runs silu_mul's chunks over the two: the unfused
+linears' and silu_mul's torch calls, so the unfused bits.
+
 torch's packed int4 kernel (aten._weight_int4pack_mm_for_cpu, float32 activations) matches
 the numerics and was measured against this one (bench/q4gsw.py, K = N = 2048): on 2 cores it
 is ~2x slower at M = 1 and ~60x slower at M = 64; on 16 cores it is ~2x faster at M = 1 but
@@ -30,7 +35,9 @@ from __future__ import annotations
 
 import torch
 
+from delegate.shape_math import numel
 from kernels_cpu import register_kernel
+from kernels_cpu.elementwise import map_chunks
 from kernels_cpu.threadpool import get_pool, typed, worker_slices
 
 # The float32 weight tile a worker dequantizes at once.
@@ -87,22 +94,35 @@ def dequantize_tile(packed_u8: torch.Tensor, scales: torch.Tensor, n0: int, n1: 
     return w.view(t, k)
 
 
-def _dequant_gemm(x, packed, scales, bias, outs, k: int, gs: int, widths, scratch,
+def concatenated(packed, scales, k: int, widths) -> list:
+    """(packed rows as uint8 [N_i, K/2], scales [K/gs, N_i]) of each W_i, the W_i concatenated
+    along N."""
+    packed_u8 = packed.view(torch.uint8).view(-1, k // 2)
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    return [(packed_u8[a:a + w], scales[:, a:a + w]) for a, w in zip(starts, widths)]
+
+
+def interleaved(packed, scales, k: int, width: int) -> list:
+    """The same for linear_q4gsw_swiglu's two W_i, their rows interleaved (2j: W_0, 2j+1: W_1)."""
+    packed_u8 = packed.view(torch.uint8).view(-1, k // 2)
+    return [(packed_u8[i::2], scales[:, i:2 * width:2]) for i in (0, 1)]
+
+
+def _dequant_gemm(x, weights, bias, outs, k: int, gs: int, widths, scratch,
                   residual=None) -> None:
-    """outs[i][..., :] = x @ dequant(W_i)^T (+ bias) (+ residual), W the W_i concatenated
-    along N (a residual only with one output)."""
+    """outs[i][..., :] = x @ dequant(W_i)^T (+ bias) (+ residual), weights[i] W_i's packed
+    rows and scales (a residual only with one output)."""
     x2 = x.reshape(-1, k)
     out2 = [o.view(-1, w) for o, w in zip(outs, widths)]
     res2 = None if residual is None else residual.reshape(-1, widths[0])
-    packed_u8 = packed.view(torch.uint8).view(-1, k // 2)
     tiles = column_tiles(k, widths)
     pool = get_pool()
     per = max(_per_worker(k, w) for w in widths)
     slices = worker_slices(scratch, min(pool.num_threads, len(tiles)), per)
 
     def run(worker: int, t0: int, t1: int) -> None:
-        for i, n0, c0, cols in tiles[t0:t1]:
-            w = dequantize_tile(packed_u8, scales, n0, n0 + cols, gs, slices[worker])
+        for i, _, c0, cols in tiles[t0:t1]:
+            w = dequantize_tile(*weights[i], c0, c0 + cols, gs, slices[worker])
             y = out2[i][:, c0:c0 + cols]
             if bias is None:
                 torch.mm(x2, w.t(), out=y)
@@ -118,11 +138,40 @@ def _dequant_gemm(x, packed, scales, bias, outs, k: int, gs: int, widths, scratc
 def linear_q4gsw(ins, outs, attrs, scratch):
     bias = ins[3] if len(ins) > 3 else None
     residual = ins[4] if len(ins) > 4 else None
-    _dequant_gemm(ins[0], ins[1], ins[2], bias, outs, attrs["K"], attrs["group_size"],
-                  [attrs["N"]], scratch, residual)
+    k, n = attrs["K"], attrs["N"]
+    _dequant_gemm(ins[0], concatenated(ins[1], ins[2], k, [n]), bias, outs, k,
+                  attrs["group_size"], [n], scratch, residual)
 
 
 @register_kernel("linear_q4gsw_multi", scratch_nbytes=multi_scratch_nbytes)
 def linear_q4gsw_multi(ins, outs, attrs, scratch):
-    _dequant_gemm(ins[0], ins[1], ins[2], None, outs, attrs["K"], attrs["group_size"],
-                  attrs["widths"], scratch)
+    k, widths = attrs["K"], attrs["widths"]
+    _dequant_gemm(ins[0], concatenated(ins[1], ins[2], k, widths), None, outs, k,
+                  attrs["group_size"], widths, scratch)
+
+
+def _up_nbytes(in_shapes, attrs) -> int:
+    return (numel(in_shapes[0][:-1]) * (attrs["N"] // 2) * 4 + 63) // 64 * 64
+
+
+def swiglu_scratch_nbytes(in_shapes, attrs, workers: int) -> int:
+    half = attrs["N"] // 2
+    return _up_nbytes(in_shapes, attrs) + _scratch(attrs["K"], [half, half], workers)
+
+
+@register_kernel("linear_q4gsw_swiglu", scratch_nbytes=swiglu_scratch_nbytes)
+def linear_q4gsw_swiglu(ins, outs, attrs, scratch):
+    """The gate into out and the up into scratch, each as its own linear_q4gsw would compute
+    it, then silu_mul's own chunks (kernels_cpu/elementwise.py) over them: the unfused bits."""
+    k, half, out = attrs["K"], attrs["N"] // 2, outs[0]
+    up_bytes = _up_nbytes([tuple(ins[0].shape)], attrs)
+    up = typed(scratch, torch.float32, tuple(out.shape))
+    _dequant_gemm(ins[0], interleaved(ins[1], ins[2], k, half), None, [out, up], k,
+                  attrs["group_size"], [half, half], scratch[up_bytes:])
+    map_chunks(_silu_mul_chunk, out, out, up)
+
+
+def _silu_mul_chunk(o, gate, up) -> None:
+    # kernels_cpu/elementwise.py's silu_mul chunk, op for op (gate may be o itself: elementwise)
+    torch.ops.aten.silu.out(gate, out=o)
+    o.mul_(up)

@@ -79,3 +79,11 @@ def slice_scatter_(ins, outs, attrs, scratch):
     if attrs.get("src_dims"):
         src = src.permute(*attrs["src_dims"])
     outs[0].narrow(d, attrs["start"], src.shape[d]).copy_(src)
+
+
+@register_kernel("slice_scatter_pair")
+def slice_scatter_pair(ins, outs, attrs, scratch):
+    """Two slice_scatter_ writes at one position: outs[0] is ins[0]'s storage, and ins[2] (the
+    other resident cache) is written in place as well."""
+    slice_scatter_(ins[:2], outs, attrs, scratch)
+    slice_scatter_(ins[2:4], [ins[2]], {**attrs, "src_dims": attrs["src_dims1"]}, scratch)

@@ -29,8 +29,13 @@ config take the same epilogue:
     q4gsw_epilogue_split.wgsl  linear_q4gsw_multi (fused q/k/v, gate/up): the weight is the
                                outputs' concatenated along N, column n goes to the output whose
                                range holds it; outputs [..., N_i], no bias
+    q4gsw_epilogue_swiglu.wgsl linear_q4gsw_swiglu (gate/up and their SwiGLU product): the
+                               gate's and up's rows interleaved, out [..., N/2] =
+                               silu(column 2j) * column 2j + 1, stored by store_pair()
 A fused op is routed as one linear of the total N; every column's value is the one its own
-linear_q4gsw would give (bit for bit), whichever kernel runs.
+linear_q4gsw would give (bit for bit), whichever kernel runs. The GEMV and the 128x128 tile
+store a thread's columns as pairs (2j, 2j + 1), which the SwiGLU epilogue needs; the 64x64
+tile does not, so linear_q4gsw_swiglu runs the 128x128 tile at every M > 1.
 """
 from __future__ import annotations
 
@@ -84,6 +89,11 @@ def split_epilogue(widths) -> Epilogue:
     outs = tuple(3 + i if i < len(widths) else None for i in range(MAX_OUTPUTS))
     return Epilogue((_DIR / "q4gsw_epilogue_split.wgsl").read_text(), (0, 1, 2) + outs, outs,
                     (("N0", widths[0]), ("N1", widths[1])))
+
+
+def swiglu_epilogue() -> Epilogue:
+    """linear_q4gsw_swiglu: operands x, packed (gate and up rows interleaved), scales, out."""
+    return Epilogue((_DIR / "q4gsw_epilogue_swiglu.wgsl").read_text(), (0, 1, 2, 3), (3,), ())
 
 
 def q4_params(m: int, attrs: dict, tile: int) -> bytes:
@@ -245,6 +255,22 @@ def routed(attrs: dict, epi: Epilogue, info) -> list:
     return [small, steel_gemm(TILE128, f16, n, epi, uses_tile128), gemv]
 
 
+def routed_pairs(attrs: dict, epi: Epilogue, info) -> list:
+    """The kernels of an op whose epilogue takes column pairs (2j, 2j + 1) from one thread:
+    the GEMV at M == 1 and the 128x128 tile at any M > 1 (it fits WebGPU's default limits;
+    the 64x64 tile's threads hold columns 16 apart). Every tile gives the same bits."""
+    k, n, group_size = int(attrs["K"]), int(attrs["N"]), int(attrs["group_size"])
+    f16 = TILES_F16 and bool(info.gpu.has_f16)
+    if not tile128_fits(info.gpu, f16):
+        raise UnsupportedError(f"linear_q4gsw_swiglu: expected the device to fit the 128x128 "
+                               f"tile ({tile128_bytes(f16)} B of workgroup memory, "
+                               f"{TILE128_THREADS} invocations), got limits {info.gpu.limits}")
+    subgroups = bool(info.gpu.has_subgroups)
+    config = gemv_config(k, n, info.gpu, subgroups)
+    return [steel_gemm(TILE128, f16, n, epi, lambda m, n: m > 1),
+            coop_gemv(subgroups, n, epi, lambda m, n: m == 1, config, group_size)]
+
+
 @register_wgsl("linear_q4gsw")
 def linear_q4gsw(ins, outs, attrs, info):
     has_bias = len(ins) > 3 and ins[3] is not None
@@ -255,3 +281,8 @@ def linear_q4gsw(ins, outs, attrs, info):
 @register_wgsl("linear_q4gsw_multi")
 def linear_q4gsw_multi(ins, outs, attrs, info):
     return routed(attrs, split_epilogue(attrs["widths"]), info)
+
+
+@register_wgsl("linear_q4gsw_swiglu")
+def linear_q4gsw_swiglu(ins, outs, attrs, info):
+    return routed_pairs(attrs, swiglu_epilogue(), info)

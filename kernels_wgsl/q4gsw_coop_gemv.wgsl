@@ -220,9 +220,10 @@ fn lane_partials(n0: u32, lane: u32) -> Acc {
     return acc;
 }
 
-// column n0 + c of the one row, if below N
-fn store_column(n0: u32, c: u32, total: f32) {
+// columns n0 + c and n0 + c + 1 (c even) of the one row, those below N: the lane that stores
+// a pair holds both, as the SwiGLU epilogue needs (q4gsw_epilogue_swiglu.wgsl)
+fn store_columns(n0: u32, c: u32, a: f32, b: f32) {
     if (n0 + c < p.n) {
-        store_output(0u, n0 + c, total);
+        store_pair(0u, n0 + c, a, b);
     }
 }

@@ -5,8 +5,9 @@
 // output has the bits of the linear followed by its add. residual is [..., N] like out; each
 // invocation reads residual[i] before it writes out[i], and no other, so even a residual in
 // out's own bytes would be safe (the planner gives them distinct buffers anyway).
-// kernels_wgsl/q4gsw.py puts this file, or q4gsw_epilogue_split.wgsl (the fused multi-output
-// op), into the kernel's prelude: the tile and GEMV bodies call store_output() and are shared.
+// kernels_wgsl/q4gsw.py puts this file, q4gsw_epilogue_split.wgsl (the fused multi-output op)
+// or q4gsw_epilogue_swiglu.wgsl into the kernel's prelude: the tile and GEMV bodies call
+// store_output() or store_pair() and are shared.
 
 override HAS_BIAS: bool = false;
 override HAS_RESIDUAL: bool = false;
@@ -26,4 +27,12 @@ fn store_output(m: u32, n: u32, y: f32) {
         v = v + residual[i];
     }
     out[i] = v;
+}
+
+// columns n and n + 1 of row m, the second only if below N
+fn store_pair(m: u32, n: u32, a: f32, b: f32) {
+    store_output(m, n, a);
+    if (n + 1u < p.n) {
+        store_output(m, n + 1u, b);
+    }
 }

@@ -22,3 +22,11 @@ fn store_output(m: u32, n: u32, y: f32) {
         out2[m * (p.n - N0 - N1) + (n - N0 - N1)] = y;
     }
 }
+
+// columns n and n + 1 of row m, the second only if below N
+fn store_pair(m: u32, n: u32, a: f32, b: f32) {
+    store_output(m, n, a);
+    if (n + 1u < p.n) {
+        store_output(m, n + 1u, b);
+    }
+}

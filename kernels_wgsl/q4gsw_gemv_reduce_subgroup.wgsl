@@ -1,8 +1,8 @@
 // Entry point of q4gsw_coop_gemv.wgsl with subgroups (the device requested "subgroup"): each
 // subgroup adds its lanes' COLS column sums in registers (subgroupAdd), its first lane parks
-// them in workgroup memory, and after one barrier lane c adds column c over the subgroups in
-// order (LANES / 32 of them on NVIDIA's 32-wide subgroups). The workgroup is one column group,
-// so a subgroup never mixes columns, whatever its width.
+// them in workgroup memory, and after one barrier lane c adds columns 2c and 2c + 1 over the
+// subgroups in order (LANES / 32 of them on NVIDIA's 32-wide subgroups) and stores the pair.
+// The workgroup is one column group, so a subgroup never mixes columns, whatever its width.
 
 var<workgroup> subgroup_sums: array<Acc, LANES / 4u>;   // WebGPU subgroups have >= 4 lanes
 
@@ -28,11 +28,13 @@ fn q4gsw_coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         subgroup_sums[sg] = sums;
     }
     workgroupBarrier();
-    if (lane < COLS) {
-        var total = 0.0;
+    if (lane < COLS / 2u) {
+        var a = 0.0;
+        var b = 0.0;
         for (var i = 0u; i < n_sg; i = i + 1u) {
-            total = total + acc_col(subgroup_sums[i], lane);
+            a = a + acc_col(subgroup_sums[i], 2u * lane);
+            b = b + acc_col(subgroup_sums[i], 2u * lane + 1u);
         }
-        store_column(n0, lane, total);
+        store_columns(n0, 2u * lane, a, b);
     }
 }

@@ -1,6 +1,7 @@
 // Entry point of q4gsw_coop_gemv.wgsl without subgroups: the lanes' column sums meet in
 // workgroup memory by a pairwise tree, log2(LANES) rounds: in the round of width h, lane l < h
 // of column c adds lane l + h. Every round's COLS * h adds are spread over all the lanes.
+// Then lane c stores columns 2c and 2c + 1.
 
 var<workgroup> lane_sums: array<f32, COLS * LANES>;   // [column][lane]
 
@@ -24,7 +25,8 @@ fn q4gsw_coop_gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         }
     }
     workgroupBarrier();
-    if (lane < COLS) {
-        store_column(n0, lane, lane_sums[lane * LANES]);
+    if (lane < COLS / 2u) {
+        store_columns(n0, 2u * lane, lane_sums[2u * lane * LANES],
+                      lane_sums[(2u * lane + 1u) * LANES]);
     }
 }

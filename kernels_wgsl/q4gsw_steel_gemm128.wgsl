@@ -154,12 +154,14 @@ fn steel_tile(m0: u32, n0: u32, lid: u32) -> Tile8x8 {
     return acc;
 }
 
-// columns n .. n+3 of row m, those below N
+// columns n .. n+3 of row m (n a multiple of 4), those below N, as two pairs: the thread that
+// stores a pair holds both, as the SwiGLU epilogue needs (q4gsw_epilogue_swiglu.wgsl)
 fn store4(m: u32, n: u32, v: vec4<f32>) {
-    for (var j = 0u; j < 4u; j = j + 1u) {
-        if (n + j < p.n) {
-            store_output(m, n + j, v[j]);
-        }
+    if (n < p.n) {
+        store_pair(m, n, v.x, v.y);
+    }
+    if (n + 2u < p.n) {
+        store_pair(m, n + 2u, v.z, v.w);
     }
 }
 

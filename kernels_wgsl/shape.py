@@ -3,7 +3,8 @@
 view, unsqueeze, squeeze and clone of our contiguous buffers change metadata only: they are
 registered as aliases and run no dispatch. permute, expand, slice and select are one copy each;
 cat and split are one copy per input or output piece, written at its offset. cast and copy
-are one strided copy that converts each element between dtypes on the way.
+are one strided copy that converts each element between dtypes on the way. slice_scatter_pair
+is two row copies (a layer's k and v cache writes) in one grid.
 """
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ for _name in ("view", "unsqueeze", "squeeze", "clone"):
 
 def copy_params(shape, src_strides, dst_strides, src_offset: int = 0, dst_offset: int = 0):
     """(params, workgroups) of one strided copy over `shape`."""
-    n = numel(shape)
-    return (words(n, len(shape), src_offset, dst_offset, padded(shape), padded(src_strides),
-                  padded(dst_strides)), groups(n, WG))
+    fields = _copy_fields(shape, src_strides, dst_strides, src_offset, dst_offset)
+    return words(*fields), groups(numel(shape), WG)
+
+
+def _copy_fields(shape, src_strides, dst_strides, src_offset: int, dst_offset: int) -> list:
+    """The words of one CopyParams struct (shape.wgsl)."""
+    return [numel(shape), len(shape), src_offset, dst_offset, padded(shape), padded(src_strides),
+            padded(dst_strides)]
 
 
 def _copy(sizes, src: int = 0, dst: int = 1, label: str = "strided_copy",
@@ -126,16 +132,21 @@ def split(ins, outs, attrs, info):
     return [_copy(piece(k), 0, 1 + k, label="split") for k in range(len(outs))]
 
 
+def _rows_copy(src_shape, dst_shape, perm, attrs) -> list:
+    """The CopyParams fields of src (read through the permutation perm; empty: as it is) into
+    rows [start, start + n) of dim of dst."""
+    perm = perm or list(range(len(src_shape)))
+    base = contiguous_strides(src_shape)
+    src, strides = [src_shape[i] for i in perm], [base[i] for i in perm]
+    own = contiguous_strides(dst_shape)
+    d = norm_dim(attrs["dim"], len(dst_shape))
+    return _copy_fields(src, strides, own, 0, attrs["start"] * own[d])
+
+
 def _rows_params(ins, outs, attrs):
-    """The strided copy of src (operand 1, read through the permutation src_dims) into rows
-    [start, start + n) of dim of operand 2."""
-    perm = attrs.get("src_dims") or list(range(len(ins[1])))
-    base = contiguous_strides(ins[1])
-    src, strides = [ins[1][i] for i in perm], [base[i] for i in perm]
-    dst = outs[0]
-    own = contiguous_strides(dst)
-    d = norm_dim(attrs["dim"], len(dst))
-    return copy_params(src, strides, own, 0, attrs["start"] * own[d])
+    """The strided copy of src (operand 1) into rows of the output (operand 2)."""
+    fields = _rows_copy(ins[1], outs[0], attrs.get("src_dims"), attrs)
+    return words(*fields), groups(fields[0], WG)
 
 
 @register_wgsl("slice_scatter")
@@ -150,3 +161,16 @@ def slice_scatter(ins, outs, attrs, info):
 def slice_scatter_(ins, outs, attrs, info):
     # dst (operand 0) is not bound: it is the output's buffer, bound once, read-write
     return [_copy(_rows_params, 1, 2, label="slice_scatter_")]
+
+
+@register_wgsl("slice_scatter_pair")
+def slice_scatter_pair(ins, outs, attrs, info):
+    # operands dst, src, dst1, src1, dst'; bindings src, dst' (dst's own buffer), src1 and dst1,
+    # written in place as an input: the executors alias only output 0 (delegate/ops/shape.py)
+    def sizes(ins, outs, attrs):
+        a = _rows_copy(ins[1], outs[0], attrs["src_dims"], attrs)
+        b = _rows_copy(ins[3], ins[2], attrs["src_dims1"], attrs)
+        return words(*a, *b), groups(a[0] + b[0], WG)
+
+    return [Dispatch("shape", "strided_copy_pair", (1, 4, 3, 2), (4, 2), sizes,
+                     label="slice_scatter_pair", prelude=KIND_PRELUDE)]

@@ -306,6 +306,7 @@ SAMPLE_ATTRS = {
     "cast": {"dtype": "bool"},
     "slice_scatter": {"dim": 1, "start": 2, "src_dims": []},
     "slice_scatter_": {"dim": 1, "start": 2, "src_dims": []},
+    "slice_scatter_pair": {"dim": 1, "start": 2, "src_dims": [], "src_dims1": []},
     "embedding_q4gsw": {"group_size": 32, "D": 64, "V": 5},
     "squeeze": {"dims": [0, 2]}, "split": {"split_sizes": [2, 3], "dim": -1},
     "sdpa": {"is_causal": True, "scale": None, "enable_gqa": True},

@@ -25,6 +25,12 @@ linear_q4gsw_multi is several bias-free linear_q4gsw of one x, equal K and group
 op (emitted by delegate/passes/fuse_linear.py: q/k/v of an attention, gate/up of an MLP). Its
 weight is theirs concatenated along N (packed rows; scales columns, padded to 4 once, at the
 end) and it writes one output per linear, [..., N_i], each the value that linear would give.
+
+linear_q4gsw_swiglu is the gate/up pair of an MLP and its SwiGLU product silu(gate) * up as one
+op (emitted by delegate/passes/linear_swiglu.py). Its weight holds the two linears' rows
+interleaved (row 2j gate_j, row 2j + 1 up_j; N counts both), so a kernel thread that computes
+one column also computes its partner; it writes only out [..., N/2] = g * sigmoid(g) * up,
+rounded as the linears and then silu_mul would be.
 """
 from __future__ import annotations
 
@@ -206,8 +212,29 @@ def lower_linear_multi(ctx, linears) -> None:
              group_size=gs, K=k, N=sum(widths), widths=widths)
 
 
+def interleave_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[2N, ...] with row 2j = a[j] and row 2j + 1 = b[j]."""
+    return torch.stack([a, b], dim=1).reshape(2 * a.shape[0], *a.shape[1:])
+
+
+def lower_linear_swiglu(ctx, gate, up, out) -> None:
+    """One linear_q4gsw_swiglu for the fx linears `gate` and `up` (one x, equal shapes, no
+    bias) writing `out`, the fx node of silu(gate) * up, where it stands."""
+    (qg, sg, gs), (qu, su, _) = q4gsw_weight(gate), q4gsw_weight(up)
+    packed, scales = pack_q4gsw(interleave_rows(qg, qu), interleave_rows(sg, su), gs)
+    ins = [ctx.tensor(gate.args[0]), ctx.constant(packed), ctx.constant(scales)]
+    ctx.emit("linear_q4gsw_swiglu", ins, [ctx.output(out)], group_size=gs,
+             K=int(qg.shape[1]), N=2 * int(qg.shape[0]))
+
+
 def _lower_nothing(ctx, node) -> None:
     """The linear_q4gsw pattern at each user reads the dequantize's qdata and scale itself."""
+
+
+def _lower_swiglu_unreachable(ctx, node):
+    # no targets: only delegate/passes/linear_swiglu.py emits it, through lower_linear_swiglu
+    raise DelegateError(f"node {node.name}: expected linear_q4gsw_swiglu only from the "
+                        f"linear_swiglu pass, got an edge node lowered as it")
 
 
 def _infer_linear(in_shapes, attrs):
@@ -242,6 +269,20 @@ def _infer_multi(in_shapes, attrs):
     return [tuple(x[:-1]) + (w,) for w in widths]
 
 
+def _infer_swiglu(in_shapes, attrs):
+    x, packed, scales = in_shapes
+    k, n, gs = attrs["K"], attrs["N"], attrs["group_size"]
+    expect(n % 2 == 0 and n > 0, DelegateError, "linear_q4gsw_swiglu N",
+           "a positive even count (gate and up rows interleaved)", n)
+    expect(x is not None and len(x) >= 1 and x[-1] == k, DelegateError,
+           "linear_q4gsw_swiglu input", f"[..., {k}]", x)
+    expect(tuple(packed) == (n, k // 8), DelegateError, "linear_q4gsw_swiglu packed weight",
+           (n, k // 8), tuple(packed))
+    expect(tuple(scales) == (k // gs, -(-n // 4) * 4), DelegateError,
+           "linear_q4gsw_swiglu scales", (k // gs, -(-n // 4) * 4), tuple(scales))
+    return [tuple(x[:-1]) + (n // 2,)]
+
+
 def _infer_dequantize(in_shapes, attrs):
     return [tuple(in_shapes[0])]
 
@@ -255,6 +296,10 @@ register_op("linear_q4gsw_multi", (), _infer_multi, lower_linear_multi,
                 "concatenated along N, one output each (fused q/k/v, gate/up)",
             attrs={"group_size": "int", "K": "int", "N": "int", "widths": "ints"},
             arity=(3, (2, 3)))
+register_op("linear_q4gsw_swiglu", (), _infer_swiglu, _lower_swiglu_unreachable,
+            doc="silu(x @ dequant(W_gate)^T) * (x @ dequant(W_up)^T), the two bias-free q4gsw "
+                "linears' rows interleaved (fused gate/up and SwiGLU)",
+            attrs={"group_size": "int", "K": "int", "N": "int"}, arity=(3, 1))
 register_op("dequantize_affine_q4", (DEQUANTIZE,), _infer_dequantize, _lower_nothing,
             check=_check_dequantize, folded=True, attrs={}, arity=(0, 0),
             doc="torchao int4 per-group dequantize; folded into the linear_q4gsw that reads it")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 
 from delegate import host_values
-from delegate.errors import DelegateError, expect
+from delegate.errors import DelegateError, UnsupportedError, expect
 from delegate.ops import register_op
-from delegate.ops.export import constant_value, register_pattern, target_name
+from delegate.ops.export import (constant_value, pattern_for, register_pattern,
+                                 target_name)
 from delegate.shape_math import slice_bounds
 from delegate.ops._common import (FOUR_BYTE, arg, broadcast, contiguous_inputs, float_inputs,
                                   four_byte_inputs, norm_dim, numel, one_input)
@@ -127,6 +128,8 @@ def _lower_select(ctx, node):
 # wherever nothing reads dst afterwards (ir.in_place_ok), so a decode step writes one row of
 # the cache instead of copying all of it. Edge forms: `cache[:, :, pos + arange(T)] = v`
 # (index_put with a host Range, delegate/host_values.py), index_copy, slice_scatter.
+_SCATTER_TARGETS = ("aten.index_put.default", "aten.index_copy.default",
+                    "aten.slice_scatter.default")
 
 
 def _infer_slice_scatter(in_shapes, attrs):
@@ -201,6 +204,22 @@ def _written_shape(node, dst_val, d) -> list:
 
 
 def _lower_slice_scatter(ctx, node):
+    written = write_inputs(ctx, node)
+    _emit_write(ctx, *written, ctx.output(node))
+
+
+def _emit_write(ctx, dst: int, src: int, dim: int, start, perm: list, out: int) -> None:
+    # in place optimistically; preprocess demotes it where dst is read later (ir.in_place_ok)
+    op = "slice_scatter_" if ctx.writable(dst) else "slice_scatter"
+    ctx.emit(op, [dst, src], [out], dim=dim, start=start, src_dims=perm)
+
+
+def write_inputs(ctx, node) -> tuple:
+    """(dst id, src id, dim, start, src_dims) of a cache write of either edge form, made as its
+    own lowering makes them (a broadcast source's expand emitted); the write is the caller's."""
+    if target_name(node.target) not in _SCATTER_TARGETS:   # llama.update_cache
+        value, cache, start = _update_cache_args(node)
+        return ctx.tensor(cache), ctx.tensor(value), 1, start, []
     dst, src, dim, start = _scatter_args(node)
     d = norm_dim(dim, dst.meta["val"].dim())
     want = ctx.dims(_written_shape(node, dst.meta["val"], d))
@@ -211,10 +230,42 @@ def _lower_slice_scatter(ctx, node):
         src_id = full
     elif _only_permute_of(src, node):   # k.transpose(1, 2) into the cache: one strided copy
         src_id, perm = ctx.tensor(src.args[0]), [int(i) for i in src.args[1]]
-    ins = [ctx.tensor(dst), src_id]
-    # in place optimistically; preprocess demotes it where dst is read later (ir.in_place_ok)
-    op = "slice_scatter_" if ctx.writable(ins[0]) else "slice_scatter"
-    ctx.emit(op, ins, [ctx.output(node)], dim=d, start=start, src_dims=perm)
+    return ctx.tensor(dst), src_id, d, start, perm
+
+
+def cache_write(node) -> "tuple | None":
+    """(dst node, dim, start, rows) of a node whose lowering is one slice_scatter(_) into dst
+    (either edge form; rows: the written extent along dim), else None: a graph pass's test."""
+    pattern = pattern_for(node)
+    if pattern is not None:
+        found = _update_cache_args(node) if pattern.lower is _lower_update_cache else None
+        return None if found is None else (found[1], 1, found[2], found[0].meta["val"].shape[1])
+    if getattr(node, "op", None) != "call_function" or \
+            target_name(node.target) not in _SCATTER_TARGETS or _scatter_args(node) is None:
+        return None
+    dst, _, dim, start = _scatter_args(node)
+    d = norm_dim(dim, dst.meta["val"].dim())
+    return dst, d, start, _written_shape(node, dst.meta["val"], d)[d]
+
+
+# ---- slice_scatter_pair: a layer's two cache writes in one node ---------------------------------
+# slice_scatter_pair(dst, src, dst1, src1) -> dst' is slice_scatter_(dst, src) and
+# slice_scatter_(dst1, src1) at one dim and start (src_dims and src_dims1 their source
+# permutations; the shapes may differ, K and V head dims). Output 0 is dst updated in place
+# (OpDef.in_place); dst1's rows are written in place too, and its later readers read dst1
+# itself (the executors alias only output 0), so the cache_write pass
+# (delegate/passes/cache_write.py), its only emitter, pairs states nothing else reads.
+def _infer_slice_scatter_pair(in_shapes, attrs):
+    one_input(in_shapes, 4)
+    _infer_slice_scatter(in_shapes[2:4], {**attrs, "src_dims": attrs["src_dims1"]})
+    return _infer_slice_scatter(in_shapes[:2], attrs)
+
+
+def _lower_slice_scatter_pair(ctx, node):
+    # unreachable through the registry (no targets); says so if a plugin routes a node here
+    raise UnsupportedError(f"node {node.name}: expected slice_scatter_pair only from the "
+                           f"cache_write pass (delegate/passes/cache_write.py), got an edge node "
+                           f"lowered as it")
 
 
 def _only_permute_of(src, user) -> bool:
@@ -418,8 +469,7 @@ register_op("copy", ("aten.copy.default",), _infer_copy, _lower_copy, dtypes=FOU
             check=four_byte_inputs,
             doc="functional dst.copy_(src): src broadcast to dst's shape, in dst's dtype",
             attrs={}, arity=(2, 1))
-register_op("slice_scatter", ("aten.index_put.default", "aten.index_copy.default",
-                              "aten.slice_scatter.default"),
+register_op("slice_scatter", _SCATTER_TARGETS,
             _infer_slice_scatter, _lower_slice_scatter, dtypes=FOUR_BYTE,
             check=_check_slice_scatter,
             doc="dst with rows [start, start + n) of dim replaced by src (a cache write)",
@@ -428,6 +478,12 @@ register_op("slice_scatter_", (), _infer_slice_scatter, _lower_slice_scatter, dt
             doc="slice_scatter into dst's own buffer (emitted where nothing reads dst later)",
             attrs={"dim": "int", "start": "symint", "src_dims": "ints"}, arity=(2, 1),
             in_place=True)
+register_op("slice_scatter_pair", (), _infer_slice_scatter_pair, _lower_slice_scatter_pair,
+            dtypes=FOUR_BYTE,
+            doc="two slice_scatter_ writes at one position in one node (a layer's k and v cache "
+                "writes), each bit for bit its own; emitted by the cache_write pass",
+            attrs={"dim": "int", "start": "symint", "src_dims": "ints", "src_dims1": "ints"},
+            arity=(4, 1), in_place=True)
 
 
 # ExecuTorch's custom KV cache (source_transformation/custom_kv_cache.py) writes through
@@ -462,11 +518,8 @@ def _match_update_cache(node):
 
 
 def _lower_update_cache(ctx, node):
-    value, cache, start = _update_cache_args(node)
     _, new = ctx.outputs(node)   # (update_cache's own dummy result, the updated cache)
-    dst = ctx.tensor(cache)
-    ctx.emit("slice_scatter_" if ctx.writable(dst) else "slice_scatter", [dst, ctx.tensor(value)],
-             [new], dim=1, start=start, src_dims=[])
+    _emit_write(ctx, *write_inputs(ctx, node), new)
 
 
 register_pattern("slice_scatter", "auto_functionalized_v2", _match_update_cache,

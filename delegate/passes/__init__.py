@@ -10,8 +10,10 @@ Compile spec "passes": comma-separated names of the passes to run, or "none"; ab
 from __future__ import annotations
 
 from delegate.errors import DelegateError
+from delegate.passes import cache_write
 from delegate.passes import fold_batch_norm
 from delegate.passes import fuse_linear
+from delegate.passes import linear_swiglu
 from delegate.passes import residual_add
 from delegate.passes import rms_norm
 from delegate.passes import rope
@@ -20,7 +22,10 @@ from delegate.passes import swiglu
 
 PASSES = {"fold_batch_norm": fold_batch_norm.detect, "fuse_linear": fuse_linear.detect,
           "residual_add": residual_add.detect, "swiglu": swiglu.detect,
-          "rms_norm": rms_norm.detect, "rope": rope.detect, "sdpa_layout": sdpa_layout.detect}
+          # after fuse_linear and swiglu: it replaces their rewrites of the nodes it absorbs
+          "linear_swiglu": linear_swiglu.detect,
+          "rms_norm": rms_norm.detect, "rope": rope.detect, "sdpa_layout": sdpa_layout.detect,
+          "cache_write": cache_write.detect}
 SPEC_KEY = "passes"
 
 
