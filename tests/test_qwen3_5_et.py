@@ -78,3 +78,29 @@ def test_tiny_qwen3_5_prefill_then_decode_matches_eager_and_a_new_prefill_resets
             torch.testing.assert_close(b, a, **tol("model", device))
     finally:
         prog.destroy()
+
+
+@pytest.mark.parametrize("quantize", ["none", "int4-g32"])
+@pytest.mark.parametrize("form", ["plain", "custom"])
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_tiny_qwen3_5_matches_eager_at_each_prefill_length_in_both_forms(device, form, quantize):
+    # issue 10: prefill T in {1, 7, 16} then 8 decode steps, each a new sequence at input_pos 0
+    # on the same resident states; the custom-op form (llama.update_cache / custom_sdpa in the
+    # attention layers) and torchao int4-g32 linears too, against eager with the same weights
+    from tests.test_llm_et import custom_ops
+
+    def build():   # room for 16 + 8 positions: the export checks input_pos <= max_seq - 2
+        model = llm.quantize(llm.build_model(NAME, 2 * MAX_SEQ), quantize)
+        return custom_ops(model) if form == "custom" else model
+
+    args, dynamic = llm.example_inputs(2 * MAX_SEQ)
+    model, eager = build(), build()
+    pm = lower(model, args, dynamic_shapes=dynamic, device=device)
+    assert undelegated_ops(pm) == [] and delegate_calls(pm) == 1
+    prog = Runtime.get().load_program(pm.buffer, device=device)
+    try:
+        m = prog.load_method("forward")
+        for prefill in (1, 7, 16):
+            _run_sequence(m, eager, _steps(prefill), device)
+    finally:
+        prog.destroy()
