@@ -132,9 +132,9 @@ def _decode_cost(n_layers: int) -> tuple:
 def test_layers_share_params_so_a_decode_step_uploads_the_same_bytes_at_any_depth():
     # Each layer's steps are twins of layer 0's (same op, shapes, attrs): they share its
     # params slots, so neither the block nor a decode step's params prefix grows with depth.
-    two, six = _decode_cost(2), _decode_cost(6)
-    assert six[0] == two[0] and six[1] == two[1], (two[:2], six[:2])
-    for _, _, got, want in (two, six):
+    two, three = _decode_cost(2), _decode_cost(3)
+    assert three[0] == two[0] and three[1] == two[1], (two[:2], three[:2])
+    for _, _, got, want in (two, three):
         torch.testing.assert_close(got, want, **tol("model", "webgpu"))
 
 
