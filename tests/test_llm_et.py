@@ -1,6 +1,8 @@
 """ExecuTorch's own Llama definition (examples/models/llama, as the wheel ships it) with its
 KV cache, lowered by our partitioner: one delegate call, the caches resident in it, prefill and
 decode steps matching eager on both executors, fp32 and torchao int4-g32."""
+import functools
+
 import pytest
 import torch
 
@@ -46,17 +48,27 @@ def custom_ops(model):
     return replace_sdpa_with_custom_op(replace_kv_cache_with_custom_kv_cache(model))
 
 
-def _lowered(device, quantize=False, form="plain", **overrides):
-    """(eager model, loaded program, program manager) of one tiny Llama; eager is a twin
-    holding the same weights (and, quantised, torchao's own int4 linears)."""
-    model, eager = tiny_llama(**overrides), tiny_llama(**overrides)
-    if quantize:
-        model, eager = int4_g32(model), int4_g32(eager)
-    if form == "custom":
-        model, eager = custom_ops(model), custom_ops(eager)
+def _built(quantize: bool, form: str, **overrides):
+    model = tiny_llama(**overrides)
+    model = int4_g32(model) if quantize else model
+    return custom_ops(model) if form == "custom" else model
+
+
+@functools.lru_cache(maxsize=None)
+def _program(device, quantize, form, overrides: tuple):
+    """The program manager of one tiny Llama, lowered once per configuration (several tests
+    load the same one; each load has its own caches)."""
     seq = torch.export.Dim("T", min=1, max=16)
     example = (torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])})
-    pm = lower(model, example, dynamic_shapes=({1: seq}, {"input_pos": None}), device=device)
+    return lower(_built(quantize, form, **dict(overrides)), example,
+                 dynamic_shapes=({1: seq}, {"input_pos": None}), device=device)
+
+
+def _lowered(device, quantize=False, form="plain", **overrides):
+    """(eager model, loaded program, program manager) of one tiny Llama; eager is a twin
+    holding the same weights (and, quantised, torchao's own int4 linears) and fresh caches."""
+    pm = _program(device, quantize, form, tuple(sorted(overrides.items())))
+    eager = _built(quantize, form, **overrides)
     return eager, Runtime.get().load_program(pm.buffer, device=device), pm
 
 
