@@ -15,7 +15,6 @@ kernel also reads as a tensor.
 from __future__ import annotations
 
 import operator
-import re
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -161,7 +160,8 @@ def _condition(node) -> Optional[Condition]:
 def same_element_symbols(graph) -> dict:
     """Symbol name -> the name of the first `.item()` symbol reading the same input element.
     Each `.item()` gets its own unbacked symbol (older torch exports ExecuTorch's Llama with
-    one per cache write), yet at execute all readers of one element hold one value."""
+    one per cache write), yet at execute all readers of one element hold one value: compare
+    expressions through symexpr.renamed(expr, names)."""
     first, names = {}, {}
     for node in graph.nodes:
         if node.op != "call_function" or \
@@ -172,11 +172,6 @@ def same_element_symbols(graph) -> dict:
             name = str(val.node.expr)
             names[name] = first.setdefault(src, name)
     return names
-
-
-def canonical_text(expr, names: dict) -> str:
-    """expr's text with each symbol renamed by `names` (same_element_symbols)."""
-    return re.sub(r"[A-Za-z_]\w*", lambda m: names.get(m.group(0), m.group(0)), str(expr))
 
 
 def local_scalar_source(node) -> Optional[Element]:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import ast
 import functools
 import operator
+import re
 
 from delegate.errors import BlobError
 from delegate.ir import SymExpr
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -42,6 +45,12 @@ def _parse(expr: str) -> ast.AST:
 def evaluate(expr: str, env: dict) -> int:
     """Value of `expr` with symbols taken from env; BlobError names any unbound symbol."""
     return int(_eval(_parse(expr), env, expr))
+
+
+def renamed(expr, names: dict) -> str:
+    """expr's text with each symbol found in `names` renamed to names[symbol] (two symbols
+    known to hold one value, as each layer's `.item()` of one position, compared as one)."""
+    return _NAME.sub(lambda m: names.get(m.group(0), m.group(0)), str(expr))
 
 
 def symbols_of(expr: str) -> set:

@@ -19,13 +19,12 @@ lower as the two writes they were.
 """
 from __future__ import annotations
 
-import operator
-
-from delegate.host_values import canonical_text, same_element_symbols
+from delegate.host_values import same_element_symbols
 from delegate.lowering import sym_text
+from delegate.symexpr import renamed
 from delegate.ops.export import op_for_target, pattern_for
 from delegate.ops.shape import cache_write, write_inputs
-from delegate.passes._match import only_feeds
+from delegate.passes._match import only_feeds, unread_before
 
 
 def detect(graph) -> dict:
@@ -38,7 +37,7 @@ def detect(graph) -> dict:
 
 def _pairs(graph) -> list:
     """(earlier, later) writes of one dim, start and row count into two cache placeholders,
-    each earlier write paired with the next such write where _pairable allows."""
+    each earlier write paired with the next such write where unread_before allows."""
     nodes = list(graph.nodes)
     place = {n: i for i, n in enumerate(nodes)}
     names = same_element_symbols(graph)   # each write may `.item()` the position itself
@@ -48,24 +47,14 @@ def _pairs(graph) -> list:
         if found is None or found[0].op != "placeholder" or not only_feeds(found[0], node):
             continue
         _, dim, start, rows = found
-        key = (dim, canonical_text(start, names), canonical_text(sym_text(rows), names))
+        key = (dim, renamed(start, names), renamed(sym_text(rows), names))
         first = unpaired.pop(key, None)
-        if first is not None and _pairable(first, node, place):
+        # the pair writes the earlier cache at the later write: nothing may read it before
+        if first is not None and unread_before(first, node, place):
             pairs.append((first, node))
         else:
             unpaired[key] = node
     return pairs
-
-
-def _pairable(first, second, place) -> bool:
-    """The pair writes the earlier cache at the later write, so nothing may read the earlier
-    write's result (through getitem, in the custom form) before it."""
-    readers = [r for u in first.users for r in (u.users if _is_getitem(u) else [u])]
-    return all(place[r] > place[second] for r in readers)
-
-
-def _is_getitem(node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem
 
 
 # ---- lowering ----------------------------------------------------------------------------------

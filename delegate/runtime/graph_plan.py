@@ -15,7 +15,6 @@ they key nothing; the steps that read them are re-resolved per execute (`dynamic
 from __future__ import annotations
 
 import os
-import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,7 +28,6 @@ from delegate.ir import Graph, SymExpr, TensorValue
 from delegate.runtime import shapes
 
 CACHE_SIZE = 16
-_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def validate_every_execute() -> bool:
@@ -268,7 +266,7 @@ def _frozen(x, same: dict):
     if isinstance(x, (list, tuple)):
         return tuple(_frozen(v, same) for v in x)
     if isinstance(x, SymExpr):   # "4" stays apart from int 4
-        return ("sym", _NAME.sub(lambda m: same.get(m.group(0), m.group(0)), x))
+        return ("sym", symexpr.renamed(x, same))
     return (type(x).__name__, x)   # 1 and 1.0 stay apart
 
 
