@@ -1,6 +1,7 @@
 """The node tests every graph pass matches with (a module of helpers, not a pass)."""
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import torch
@@ -19,6 +20,14 @@ def is_call(node, *targets: str) -> bool:
 def only_feeds(node, user) -> bool:
     """node's one consumer is user (a partition output is a consumer too)."""
     return list(node.users) == [user]
+
+
+def unread_before(node, later, place: dict) -> bool:
+    """Nothing reads node's value (through getitem where it is a tuple, as a functionalized
+    custom op's) before `later` in graph order (place: node -> index). A pass that emits two
+    matches at the later one needs it of the earlier."""
+    readers = [r for u in node.users for r in (u.users if u.target is operator.getitem else [u])]
+    return all(place[r] > place[later] for r in readers)
 
 
 def product(node) -> Optional[tuple]:

@@ -34,7 +34,8 @@ from typing import Optional
 
 import torch
 
-from delegate.passes._match import is_call as _is, lower_nothing as _lower_nothing
+from delegate.passes._match import (is_call as _is, lower_nothing as _lower_nothing,
+                                    unread_before)
 from delegate.lowering import sym_text
 from delegate.ops.export import target_name
 
@@ -83,7 +84,7 @@ def _groups(graph) -> list:
 def _pairable(first, second, place) -> bool:
     """The pair is emitted at the second root, so nothing may read the first root's output
     before it (this also keeps the second rotation from reading the first's)."""
-    return all(place[user] > place[second[0]] for user in first[0].users)
+    return unread_before(first[0], second[0], place)
 
 
 # ---- node tests --------------------------------------------------------------------------------
