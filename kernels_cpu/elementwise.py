@@ -124,12 +124,14 @@ def elu(ins, outs, attrs, scratch):
     map_chunks(lambda o, x: aten.elu.out(x, a, s, i, out=o), outs[0], ins[0])
 
 
+def silu_mul_chunk(o, gate, up) -> None:
+    """One chunk of silu(gate) * up: silu into o, then times up in place, so each chunk is
+    read while it is still in cache (gate may be o itself). linear_q4gsw_swiglu runs it too."""
+    aten.silu.out(gate, out=o)
+    o.mul_(up)
+
+
 @register_kernel("silu_mul")
 def silu_mul(ins, outs, attrs, scratch):
-    """silu(gate) * up (delegate/ops/silu_mul.py): silu into the output chunk, then times up
-    in place, so each chunk is read while it is still in cache."""
-    def chunk(o, gate, up):
-        aten.silu.out(gate, out=o)
-        o.mul_(up)
-
-    map_chunks(chunk, outs[0], ins[0], ins[1])
+    """silu(gate) * up (delegate/ops/silu_mul.py), chunk by chunk."""
+    map_chunks(silu_mul_chunk, outs[0], ins[0], ins[1])

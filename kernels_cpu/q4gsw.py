@@ -37,7 +37,7 @@ import torch
 
 from delegate.shape_math import numel
 from kernels_cpu import register_kernel
-from kernels_cpu.elementwise import map_chunks
+from kernels_cpu.elementwise import map_chunks, silu_mul_chunk
 from kernels_cpu.threadpool import get_pool, typed, worker_slices
 
 # The float32 weight tile a worker dequantizes at once.
@@ -168,10 +168,4 @@ def linear_q4gsw_swiglu(ins, outs, attrs, scratch):
     up = typed(scratch, torch.float32, tuple(out.shape))
     _dequant_gemm(ins[0], interleaved(ins[1], ins[2], k, half), None, [out, up], k,
                   attrs["group_size"], [half, half], scratch[up_bytes:])
-    map_chunks(_silu_mul_chunk, out, out, up)
-
-
-def _silu_mul_chunk(o, gate, up) -> None:
-    # kernels_cpu/elementwise.py's silu_mul chunk, op for op (gate may be o itself: elementwise)
-    torch.ops.aten.silu.out(gate, out=o)
-    o.mul_(up)
+    map_chunks(silu_mul_chunk, out, out, up)
