@@ -72,6 +72,21 @@ def _lowered(device, quantize=False, form="plain", **overrides):
     return eager, Runtime.get().load_program(pm.buffer, device=device), pm
 
 
+def run_steps(pm, device, steps) -> tuple:
+    """(logits per step, the delegate's describe(), its dispatch_list() on WebGPU else []) of
+    one sequence fed from input_pos 0 on one load (its caches)."""
+    prog = Runtime.get().load_program(pm.buffer, device=device)
+    try:
+        m, pos, out = prog.load_method("forward"), 0, []
+        for tokens in steps:
+            out.append(_logits(m.execute([tokens, torch.tensor([pos])])))
+            pos += tokens.shape[1]
+        (_, executor), = m.delegates
+        return out, executor.describe(), executor.dispatch_list() if device == "webgpu" else []
+    finally:
+        prog.destroy()
+
+
 def _steps(prefill: int, decode: int = 8) -> list:
     torch.manual_seed(1)
     return [torch.randint(0, VOCAB, (1, prefill))] + \

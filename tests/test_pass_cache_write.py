@@ -13,9 +13,8 @@ from delegate.aot import undelegated_ops
 from delegate.ir import Graph, Node, SymbolBinding, SymExpr, TensorValue
 from tests.test_batch_norm import _blobs, _ops
 from tests.test_graph_plan import EXECUTORS, executor
-from tests.test_llm_et import _logits, _steps, custom_ops, int4_g32, tiny_llama
+from tests.test_llm_et import _logits, _steps, custom_ops, int4_g32, run_steps, tiny_llama
 from tests.test_models import run_pte
-from tests.test_pass_sdpa_layout import _run_steps
 from tests.test_pass_swiglu import _lower
 from tests.tolerances import tol
 
@@ -115,8 +114,8 @@ def test_tiny_llama_writes_each_layers_caches_in_one_dispatch_bit_for_bit_unfuse
     unfused, _ = _llama(device, quantize, form, UNFUSED_SPEC)
     assert undelegated_ops(fused) == []
     steps = _steps(7, decode=3)   # a prefill, then decode steps (T = 1) on the same caches
-    got, described = _run_steps(fused, device, steps)
-    base, base_described = _run_steps(unfused, device, steps)
+    got, described, _ = run_steps(fused, device, steps)
+    base, base_described, _ = run_steps(unfused, device, steps)
     assert described["ops"].count("slice_scatter_pair") == LAYERS
     assert "slice_scatter_" not in described["ops"]
     assert base_described["ops"].count("slice_scatter_") == 2 * LAYERS

@@ -16,16 +16,15 @@ from delegate import passes
 from delegate.ops import get_op
 from delegate.errors import DelegateError
 from kernels_wgsl import q4gsw as wq
-from kernels_wgsl.device import get_device
 from tests.tolerances import tol
 
 pytest.importorskip("torchao")
 from tests.test_pass_fuse_linear import _blobs, _ops, _quantized, _run  # noqa: E402
-from tests.test_pass_sdpa_layout import _run_steps  # noqa: E402
 from tests.test_pass_swiglu import _lower as _lower_model  # noqa: E402
-from tests.test_llm_et import VOCAB, _steps, int4_g32, tiny_llama  # noqa: E402
+from tests.test_llm_et import VOCAB, _steps, int4_g32, run_steps, tiny_llama  # noqa: E402
 from tests.test_q4gsw import golden  # noqa: E402
-from tests.test_q4gsw_wgsl import GEMV_CONFIGS, VARIANTS, _device_variant  # noqa: E402
+from tests.test_q4gsw_wgsl import (GEMV_CONFIGS, VARIANTS, _device_variant,  # noqa: E402
+                                   _force_gemv)
 
 DEVICES = ["cpu", "webgpu"]
 UNFUSED_SPEC = ",".join(n for n in passes.PASSES if n != "linear_swiglu")
@@ -133,11 +132,8 @@ def test_both_device_variants_keep_the_unfused_bits(monkeypatch, variant):
 @pytest.mark.parametrize("subgroups", [True, False], ids=["subgroup", "workgroup"])
 @pytest.mark.parametrize("config", GEMV_CONFIGS, ids=lambda c: c.name.replace(" ", "-"))
 def test_every_gemv_config_pairs_gate_and_up(monkeypatch, subgroups, config):
-    gpu = get_device()
-    if subgroups and not gpu.has_subgroups:
-        pytest.skip(f"adapter {gpu.name}: lacks subgroup")
-    monkeypatch.setattr(gpu, "has_subgroups", subgroups)
-    monkeypatch.setattr(wq, "gemv_config", lambda k, n, gpu, subgroups: config)
+    _device_variant(monkeypatch, False, subgroups)   # f32 tiles; GEMVs never use f16
+    _force_gemv(monkeypatch, lambda k, n: config)
     k = 2080   # 65 groups of 32: chunks per lane ragged for every layout
     model = _model(k=k)
     fused, plain = _lower(model, "webgpu", k=k), _lower(model, "webgpu", UNFUSED_SPEC, k=k)
@@ -157,8 +153,8 @@ def _llama_int4_pm(device, passes_=None):
 def test_tiny_llama_ffn_is_one_dispatch_fewer_per_layer_with_the_unfused_bits(device):
     fused, unfused = _llama_int4_pm(device), _llama_int4_pm(device, UNFUSED_SPEC)
     steps = _steps(7, decode=3)   # a prefill, then decode steps (T = 1) on the same cache
-    got, described = _run_steps(fused, device, steps)
-    base, base_described = _run_steps(unfused, device, steps)
+    got, described, _ = run_steps(fused, device, steps)
+    base, base_described, _ = run_steps(unfused, device, steps)
     assert "silu_mul" not in described["ops"]
     assert described["ops"].count("linear_q4gsw_swiglu") == LAYERS
     assert base_described["ops"].count("silu_mul") == LAYERS

@@ -25,6 +25,7 @@ pytest.importorskip("torchao")
 from tests.test_pass_fuse_linear import (_blobs, _llama_lowered, _ops, _quantized,  # noqa: E402
                                          _run, _tiny_llama_int4)
 from tests.test_pass_swiglu import _plan  # noqa: E402
+from tests.test_q4gsw_wgsl import _device_variant, _force_gemv  # noqa: E402
 
 DEVICES = ["cpu", "webgpu"]
 ALL_BUT_THIS = ",".join(n for n in PASSES if n != "residual_add")
@@ -159,11 +160,8 @@ GEMV_CONFIGS = [wq.GemvConfig(*c) for c in [(1, 64, 4, 4, False), (2, 32, 4, 4, 
 @pytest.mark.parametrize("subgroups", [True, False], ids=["subgroup", "workgroup"])
 @pytest.mark.parametrize("config", GEMV_CONFIGS, ids=lambda c: c.name.replace(" ", "-"))
 def test_every_gemv_config_adds_the_residual_after_the_bias(monkeypatch, subgroups, config):
-    gpu = get_device()
-    if subgroups and not gpu.has_subgroups:
-        pytest.skip(f"adapter {gpu.name}: lacks subgroup")
-    monkeypatch.setattr(gpu, "has_subgroups", subgroups)
-    monkeypatch.setattr(wq, "gemv_config", lambda k, n, gpu, subgroups: config)
+    _device_variant(monkeypatch, False, subgroups)   # f32 tiles; GEMVs never use f16
+    _force_gemv(monkeypatch, lambda k, n: config)
     k = 2080   # 65 groups of 32: chunks per lane ragged for every layout
     model = _model(k=k)
     fused, plain = _lower(model, "webgpu", k=k), _lower(model, "webgpu", "none", k=k)

@@ -24,11 +24,10 @@ from delegate.aot import undelegated_ops
 from delegate.errors import DelegateError
 from delegate.ops import get_op
 from delegate.passes import rope
-from delegate.runtime.program import Runtime
 from tests.test_batch_norm import _blobs, _ops
 from tests.test_kernels_cpu import run, run1, threads  # noqa: F401  (threads: a fixture)
 from tests.test_kernels_wgsl import run_wgsl
-from tests.test_llm_et import VOCAB, _logits, _steps, tiny_llama
+from tests.test_llm_et import VOCAB, _logits, _steps, run_steps, tiny_llama
 from tests.test_models import run_pte
 from tests.test_pass_swiglu import _lower
 from tests.tolerances import tol
@@ -181,24 +180,6 @@ def _llama_unpaired(form, device, monkeypatch):
         return _llama_pm.__wrapped__(form, device)
 
 
-def _executed(pm, device, steps) -> tuple:
-    """(logits per step, the delegate's describe(), its dispatch_list() on WebGPU else [])."""
-    prog = Runtime.get().load_program(pm.buffer, device=device)
-    try:
-        m, pos, out = prog.load_method("forward"), 0, []
-        for tokens in steps:
-            out.append(_logits(m.execute([tokens, torch.tensor([pos])])))
-            pos += tokens.shape[1]
-        (_, executor), = m.delegates
-        return out, executor.describe(), executor.dispatch_list() if device == "webgpu" else []
-    finally:
-        prog.destroy()
-
-
-def _logits_per_step(pm, device, steps) -> list:
-    return _executed(pm, device, steps)[0]
-
-
 def _ropes(pm) -> list:
     """(op, attrs) of every rope and rope_pair node of pm's blobs."""
     from delegate import blob
@@ -216,7 +197,7 @@ def test_pass_fuses_tiny_llama_rotations_within_1e6_of_unfused_and_eager(device,
     assert _ropes(fused) == [("rope_pair", {"style": style, "rotary_dim": rotary_dim})] * LAYERS
     assert _ropes(unfused) == []
     steps = _steps(7, decode=3)   # a prefill, then decode steps on the same cache
-    got, base = _logits_per_step(fused, device, steps), _logits_per_step(unfused, device, steps)
+    got, base = run_steps(fused, device, steps)[0], run_steps(unfused, device, steps)[0]
     eager, pos = tiny_llama(**overrides), 0
     for tokens, g, b in zip(steps, got, base):
         torch.testing.assert_close(g, b, **UNFUSED)
@@ -226,7 +207,7 @@ def test_pass_fuses_tiny_llama_rotations_within_1e6_of_unfused_and_eager(device,
 
 
 def _dispatches(pm) -> int:
-    return _executed(pm, "webgpu", [torch.randint(0, VOCAB, (1, 5))])[1]["dispatches"]
+    return run_steps(pm, "webgpu", [torch.randint(0, VOCAB, (1, 5))])[1]["dispatches"]
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -242,8 +223,8 @@ def test_pass_cuts_webgpu_dispatches_per_layer(form):
 def test_pair_rotates_q_and_k_of_a_layer_in_one_dispatch_bit_for_bit_two_ropes(device, form,
                                                                               monkeypatch):
     style, steps = FORMS[form][1], _steps(7, decode=2)
-    paired = _executed(_llama_pm(form, device), device, steps)
-    alone = _executed(_llama_unpaired(form, device, monkeypatch), device, steps)
+    paired = run_steps(_llama_pm(form, device), device, steps)
+    alone = run_steps(_llama_unpaired(form, device, monkeypatch), device, steps)
     assert [op for op in paired[1]["ops"] if op.startswith("rope")] == ["rope_pair"] * LAYERS
     assert [op for op in alone[1]["ops"] if op.startswith("rope")] == ["rope"] * (2 * LAYERS)
     if device == "webgpu":

@@ -17,11 +17,10 @@ from delegate import blob, passes
 from delegate.aot import undelegated_ops
 from delegate.errors import DelegateError
 from delegate.ops import get_op
-from delegate.runtime.program import Runtime
 from tests.test_attention_wgsl import HEADS_MAJOR, LAYOUTS, through_layouts
 from tests.test_batch_norm import _blobs, _ops
 from tests.test_kernels_cpu import run1
-from tests.test_llm_et import VOCAB, _logits, _steps, tiny_llama
+from tests.test_llm_et import VOCAB, _logits, _steps, run_steps, tiny_llama
 from tests.test_models import run_pte
 from tests.test_pass_swiglu import _lower
 from tests.tolerances import tol
@@ -43,20 +42,6 @@ def _sdpa_layouts(pm) -> list:
             for b in _blobs(pm) for n in blob.decode(b).nodes if n.op == "sdpa"]
 
 
-def _run_steps(pm, device, steps) -> tuple:
-    """(logits per step, the executor's describe()) over one sequence on the same caches."""
-    prog = Runtime.get().load_program(pm.buffer, device=device)
-    try:
-        m, pos, out = prog.load_method("forward"), 0, []
-        for tokens in steps:
-            out.append(_logits(m.execute([tokens, torch.tensor([pos])])))
-            pos += tokens.shape[1]
-        (backend, handle), = m.delegates
-        return out, backend.describe(handle)
-    finally:
-        prog.destroy()
-
-
 # ---- where it fires: ExecuTorch's Llama ----------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 def test_tiny_llama_attention_runs_no_permute_and_matches_unfused_bit_for_bit(device):
@@ -65,8 +50,8 @@ def test_tiny_llama_attention_runs_no_permute_and_matches_unfused_bit_for_bit(de
     assert _sdpa_layouts(fused) == [(HEADS_MAJOR, HEADS_MAJOR)] * LAYERS
     assert _sdpa_layouts(unfused) == [([], [])] * LAYERS
     steps = _steps(7, decode=3)   # a prefill, then decode steps (T = 1) on the same cache
-    got, described = _run_steps(fused, device, steps)
-    base, base_described = _run_steps(unfused, device, steps)
+    got, described, _ = run_steps(fused, device, steps)
+    base, base_described, _ = run_steps(unfused, device, steps)
     assert "permute" not in described["ops"]
     assert base_described["ops"].count("permute") == 2 * LAYERS   # q's and the output's
     if device == "webgpu":   # each permute was one strided_copy dispatch
