@@ -261,11 +261,12 @@ def torch_copy_bw(nbytes: int, reps: int = 20):
     return 2 * nbytes * reps / (start.elapsed_time(end) * 1e-3)
 
 
-def torch_fp16_tflops(m: int, k: int, n: int, reps: int):
+def torch_matmul_tflops(m: int, k: int, n: int, reps: int, dtype=torch.float16):
+    """TFLOP/s of torch's (m x k) @ (k x n) matmul on CUDA in `dtype`, None without CUDA."""
     if not torch.cuda.is_available():
         return None
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
     for _ in range(3):
         a @ b
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -336,7 +337,7 @@ def gpu_tables(args) -> None:
         for k, n in gemm_shapes:
             flops = 2 * m * n * k
             r = max(2, min(reps, int(2e12 / flops))) if not args.quick else 2
-            ref = torch_fp16_tflops(m, k, n, 20)
+            ref = torch_matmul_tflops(m, k, n, 20)
             for spec, routed in q4_specs(gpu, m, k, n):
                 t_ts, t_wall = time_q4(gpu, spec, m, k, n, r,
                                        check=m * n * k <= 512 * 2048 * 8192)
