@@ -82,5 +82,5 @@ def pytest_runtest_logfinish(nodeid, location):
     tenth = 10 * _progress["done"] // max(total, 1)
     if _progress["tenth"] < tenth < 10:
         _progress["tenth"] = tenth
-        reporter.write_line(f"{10 * tenth:3d}% of {total} tests "
+        reporter.write_line(f"{_progress['done']} of {total} tests "
                             f"({time.perf_counter() - _progress['start']:.0f} s)")
