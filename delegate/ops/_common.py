@@ -3,6 +3,7 @@ wrapping, broadcasting, numel), and the support checks on a node's tensor argume
 from __future__ import annotations
 
 import contextvars
+import operator
 from contextlib import contextmanager
 
 import torch
@@ -116,3 +117,12 @@ def contiguous_inputs(node) -> "str | None":
         if order != tuple(range(val.dim())):
             return f"input {a.name}: expected contiguous dim order, got {list(order)}"
     return None
+
+
+def only_output0(node):
+    """The getitem reading output 0 of a tuple-valued node (batch_norm's y, max_pool2d's
+    maxima) when it is the node's only reader; None when another output is read or it is not."""
+    users = list(node.users)
+    if len(users) != 1 or users[0].target is not operator.getitem or users[0].args[1] != 0:
+        return None
+    return users[0]

@@ -13,7 +13,7 @@ import operator
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops._common import arg, float_inputs, one_input
+from delegate.ops._common import arg, float_inputs, one_input, only_output0
 
 
 def _infer_batch_norm(in_shapes, attrs):
@@ -30,17 +30,8 @@ def _infer_batch_norm(in_shapes, attrs):
     return [x]
 
 
-def normalized_output(node):
-    """The getitem that reads y (output 0) of a batch_norm node; None when another output is
-    read or y is not."""
-    users = list(node.users)
-    if len(users) != 1 or users[0].target is not operator.getitem or users[0].args[1] != 0:
-        return None
-    return users[0]
-
-
 def _check_batch_norm(node):
-    if normalized_output(node) is None:
+    if only_output0(node) is None:
         return "outputs: expected only output 0 (y) read, got " + \
             str([u.args[1] if u.target is operator.getitem else u.name for u in node.users])
     if node.args[0].meta["val"].dim() < 2:
@@ -51,7 +42,7 @@ def _check_batch_norm(node):
 def _lower_batch_norm(ctx, node):
     ins = [ctx.tensor(node.args[0]), ctx.optional_tensor(node.args[1]),
            ctx.optional_tensor(node.args[2]), ctx.tensor(node.args[3]), ctx.tensor(node.args[4])]
-    ctx.emit("batch_norm", ins, [ctx.output(normalized_output(node))],
+    ctx.emit("batch_norm", ins, [ctx.output(only_output0(node))],
              eps=float(arg(node, 6, "eps", 1e-5)))
 
 

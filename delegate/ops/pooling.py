@@ -5,14 +5,17 @@ Window attributes are pairs (h, w) as torch's output-size rule reads them:
     out = floor_or_ceil((in + 2 pad - dilation (kernel - 1) - 1) / stride) + 1,
 and with ceil_mode a last window that would start in the right padding is dropped.
 Upsampling carries the output size and the scale factors edge was given (None: in / out).
-max_pool2d is kept whole from decomposition: edge would make it max_pool2d_with_indices,
-whose int64 indices output no kernel writes, so that form stays unclaimed.
+max_pool2d is kept whole from decomposition. Where edge decomposes it anyway (the to_edge
+then to_backend flow) into max_pool2d_with_indices, a pattern claims that node when only its
+values (output 0) are read; with the int64 indices read it stays with ATen, as no kernel
+writes them.
 """
 from __future__ import annotations
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops._common import arg, float_dtypes, float_inputs, one_input
+from delegate.ops._common import arg, float_dtypes, float_inputs, one_input, only_output0
+from delegate.ops.export import register_pattern
 
 
 def _pair(v, default=None) -> list:
@@ -90,9 +93,22 @@ def _window_attrs(node, with_dilation: bool) -> dict:
     return attrs
 
 
-def _lower_max_pool(ctx, node):
-    ctx.emit("max_pool2d", [ctx.tensor(node.args[0])], [ctx.output(node)],
+def _lower_max_pool(ctx, node, values=None):
+    """values: the node whose tensor the pooled maxima are (max_pool2d_with_indices' getitem 0)."""
+    ctx.emit("max_pool2d", [ctx.tensor(node.args[0])], [ctx.output(values or node)],
              **_window_attrs(node, True), ceil_mode=bool(arg(node, 5, "ceil_mode", False)))
+
+
+def _match_max_pool_with_indices(node):
+    if only_output0(node) is None:
+        return "outputs: expected only output 0 (the maxima) read, not the indices"
+    if node.args[0].meta["val"].dim() not in (3, 4):
+        return f"input rank: expected 3 or 4, got {node.args[0].meta['val'].dim()}"
+    return float_inputs(node)
+
+
+def _lower_max_pool_with_indices(ctx, node):
+    _lower_max_pool(ctx, node, only_output0(node))
 
 
 def _lower_avg_pool(ctx, node):
@@ -132,6 +148,9 @@ register_op("max_pool2d", ("aten.max_pool2d.default",),
             keep=("aten.max_pool2d.default",),
             doc="max over each dilated window; NaN propagates; kept whole (no indices)",
             attrs={**_WINDOW, "dilation": "ints"}, arity=(1, 1))
+register_pattern("max_pool2d", "aten.max_pool2d_with_indices.default",
+                 _match_max_pool_with_indices, _lower_max_pool_with_indices,
+                 doc="max_pool2d_with_indices whose indices nothing reads")
 register_op("avg_pool2d", ("aten.avg_pool2d.default",), _infer_window("avg_pool2d"),
             _lower_avg_pool, check=_check_avg_pool,
             doc="mean over each window; count_include_pad, ceil_mode; no divisor_override",

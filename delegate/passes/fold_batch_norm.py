@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from delegate.passes._match import lower_nothing as _lower_nothing
-from delegate.ops.batch_norm import normalized_output
+from delegate.ops._common import only_output0
 from delegate.ops.export import constant_value, target_name
 from delegate.ops.linear import conv_attrs
 
@@ -30,7 +30,7 @@ def detect(graph) -> dict:
         folded = _folded_params(bn)
         if folded is not None:
             conv = bn.args[0]
-            rewrites[conv] = _lower_folded(folded, normalized_output(bn))
+            rewrites[conv] = _lower_folded(folded, only_output0(bn))
             rewrites[bn] = _lower_nothing
     return rewrites
 
@@ -47,7 +47,7 @@ def _folded_params(bn):
     """(w', b') when bn folds into its producer, else None."""
     conv = bn.args[0]
     if (getattr(conv, "op", None) != "call_function" or target_name(conv.target) != CONVOLUTION
-            or len(conv.users) != 1 or conv.args[6] or normalized_output(bn) is None):
+            or len(conv.users) != 1 or conv.args[6] or only_output0(bn) is None):
         return None
     params = [_optional_constant(a) for a in (conv.args[2], *bn.args[1:3])]
     weight, mean, var = (constant_value(a) for a in (conv.args[1], bn.args[3], bn.args[4]))

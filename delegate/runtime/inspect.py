@@ -48,16 +48,30 @@ def describe_program(data: bytes, device: str = "auto", method: str | None = Non
     return "\n".join(lines)
 
 
+def delegation(plan, program) -> tuple:
+    """(ops in our delegates, ATen kernel calls outside, delegate calls) of one method: a
+    delegate's ops are its IR nodes (a batch norm folded into its convolution is none)."""
+    n_out = sum(kernel_calls(plan).values())
+    n_in = sum(len(_graph(d, program).nodes) for d in plan.delegates
+               if d.id == WgpuRuntimeBackend.backend_id)
+    calls = sum(type(ins.instr_args).__name__ == "DelegateCall"
+                for chain in plan.chains or [] for ins in chain.instructions)
+    return n_in, n_out, calls
+
+
+def delegation_of(data: bytes, method: str | None = None) -> tuple:
+    """`delegation` of one method of a .pte."""
+    program = _pte(data).program
+    plans = {p.name: p for p in program.execution_plan}
+    return delegation(plans[pick_method(plans, method)], program)
+
+
 def outside_summary(plan, program) -> list:
     """How many of a method's ops (delegated IR nodes plus kernel calls) its delegate calls
     hold, and the ATen kernel calls left outside, each with its share of the ops."""
     outside = kernel_calls(plan)
-    n_out = sum(outside.values())
-    n_in = sum(len(_graph(d, program).nodes) for d in plan.delegates
-               if d.id == WgpuRuntimeBackend.backend_id)
+    n_in, n_out, calls = delegation(plan, program)
     total = n_in + n_out
-    calls = sum(type(ins.instr_args).__name__ == "DelegateCall"
-                for chain in plan.chains or [] for ins in chain.instructions)
     lines = [f"  delegated: {n_in} of {total} op(s), in {calls} delegate call(s)",
              f"  ATen kernels outside the delegates: "
              + (f"{n_out} of {total} op(s) ({n_out / total:.1%})" if n_out else "none")]
