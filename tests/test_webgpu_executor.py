@@ -330,3 +330,35 @@ def test_zero_dim_weights_and_inputs_upload():
         assert got.shape == () and torch.equal(got, x * s)
     finally:
         ex.destroy()
+
+
+class _AddInt64(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.register_buffer("c", torch.tensor(c, dtype=torch.int64))
+
+    def forward(self, ids):
+        return ids + self.c
+
+
+def test_int64_past_int32_is_refused_not_wrapped():
+    """The GPU holds int64 as int32: an input value past its range is an InputError at
+    execute (the state and later executes unharmed), a weight past it an error at load."""
+    from delegate.aot import lower
+    from delegate.errors import UnsupportedError
+    from delegate.runtime.program import Runtime
+
+    ids = torch.tensor([[3, 5, 7]])
+    prog = Runtime.get().load_program(lower(_AddInt64([1, 2, 3]), (ids,), device="webgpu").buffer,
+                                      device="webgpu")
+    try:
+        method = prog.load_method("forward")
+        with pytest.raises(InputError, match="int32's range"):
+            method.execute([torch.tensor([[1, 2 ** 40, 3]])])
+        (got,), = [method.execute([ids])]
+        assert torch.equal(got, ids + torch.tensor([1, 2, 3]))
+    finally:
+        prog.destroy()
+    big = lower(_AddInt64([1, -2 ** 33, 3]), (ids,), device="webgpu").buffer
+    with pytest.raises((UnsupportedError, DelegateError), match="int32's range"):
+        Runtime.get().load_program(big, device="webgpu").load_method("forward")

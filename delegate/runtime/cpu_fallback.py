@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from delegate import ops as registry
+from delegate.errors import UnsupportedError
 from kernels_cpu.threadpool import single_threaded_torch
 
 @dataclass
@@ -101,7 +102,7 @@ def run(ex, r: CpuRun, encoder, inputs: list, attrs_now: dict):
             fn(ins, outs, attrs_now.get(step, attrs), ex._cpu_scratch)
     for buf, t in r.writes:
         if t.numel():
-            data = _to_gpu_dtype(t, "CPU fallback result").numpy()
+            data = _to_gpu_dtype(t, "CPU fallback result", UnsupportedError).numpy()
             gpu.queue.write_buffer(buf, 0, data)
             ex.transfers.upload(data.nbytes)
     ex.transfers.download(r.staging_bytes)

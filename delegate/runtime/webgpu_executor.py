@@ -277,7 +277,7 @@ class WebGpuExecutor:
 
     def _filled_buffer(self, t: torch.Tensor, limit: int, what: str):
         """A storage buffer holding t's elements as the GPU holds them (4 bytes each)."""
-        host = _to_gpu_dtype(t, what).contiguous()
+        host = _to_gpu_dtype(t, what, UnsupportedError).contiguous()
         _check_binding(host.numel() * ELEMENT_BYTES, limit, what)
         data = host.reshape(-1).view(torch.uint8).numpy().tobytes()
         data += bytes(max(0, MIN_BUFFER - len(data)))  # wgpu refuses empty buffers
@@ -683,10 +683,22 @@ def _check_binding(nbytes: int, limit: int, what: str) -> None:
                           f"adapter, got {nbytes}")
 
 
-def _to_gpu_dtype(t: torch.Tensor, what: str) -> torch.Tensor:
+_I32_MIN, _I32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+def _to_gpu_dtype(t: torch.Tensor, what: str, error=InputError) -> torch.Tensor:
+    """t as the GPU holds it. int64 is held as int32 (WGSL has no 64-bit integers): a value
+    past int32's range would wrap silently, so it is refused instead (`error`: InputError for
+    an input, UnsupportedError for a weight or state at load)."""
     if t.dtype not in _GPU_DTYPES:
-        raise InputError(f"{what} dtype on WebGPU: expected one of "
-                         f"{[str(d) for d in _GPU_DTYPES]}, got {t.dtype}")
+        raise error(f"{what} dtype on WebGPU: expected one of "
+                    f"{[str(d) for d in _GPU_DTYPES]}, got {t.dtype}")
+    if t.dtype == torch.int64 and t.numel():
+        lo, hi = (int(v) for v in torch.aminmax(t))
+        if lo < _I32_MIN or hi > _I32_MAX:
+            raise error(f"{what} on WebGPU: expected int64 values within int32's range "
+                        f"[{_I32_MIN}, {_I32_MAX}] (the GPU holds int64 as int32), got values "
+                        f"in [{lo}, {hi}]")
     return t.to(_GPU_DTYPES[t.dtype])
 
 
