@@ -34,6 +34,7 @@ class LoweringContext:
         self._bounds = upper_bounds      # symbol name -> int upper bound
         self._named_data = named_data    # executorch NamedDataStore or None
         self._deferred: dict = {}        # constant placeholder -> tensor, bound on first use
+        self._deferred_lowerings: dict = {}   # host-known node -> its lowering, run on first use
         self._producer: dict = {}        # value id -> name of the fx node it was made for
         self.weight_keys: list = []
 
@@ -42,6 +43,8 @@ class LoweringContext:
         """Value id of a tensor argument: an fx node already lowered (or a getitem of one)."""
         if isinstance(arg, torch.fx.Node) and arg in self._deferred:
             self.bind_constant(arg, self._deferred.pop(arg))
+        if isinstance(arg, torch.fx.Node) and arg in self._deferred_lowerings:
+            self._deferred_lowerings.pop(arg)()
         if isinstance(arg, torch.fx.Node) and arg in self._ids:
             vid = self._ids[arg]
             if isinstance(vid, list):
@@ -122,6 +125,11 @@ class LoweringContext:
         """A weight that enters the IR (and the named-data store) only if some lowering reads
         it through tensor(): one absorbed by a pattern (qdata a q4gsw linear repacks) never does."""
         self._deferred[node] = tensor
+
+    def defer_lowering(self, node: torch.fx.Node, lower) -> None:
+        """A node that lowers to nothing unless a kernel reads it as a tensor (a host-known
+        range, delegate/host_values.py): `lower()` emits it at that first read."""
+        self._deferred_lowerings[node] = lower
 
     def bind_input(self, node: torch.fx.Node) -> int:
         """A user input of the delegate: records which symbols its dims (or value) define."""

@@ -3,6 +3,9 @@
 `is_node_supported` and `ops_to_not_decompose` read the same registry and the same support
 check, so every node kept from decomposition is a node we claim (to_edge_transform_and_lower
 raises on a kept node nobody claims).
+
+The claimed nodes are grouped by `propose_partitions` (levels, in time linear in the graph),
+not by torch's CapabilityBasedPartitioner: see there for why.
 """
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from delegate import host_values
@@ -50,12 +52,18 @@ class RegistrySupport(OperatorSupportBase):
         self.device = device
         self.upper_bounds = upper_bounds
         self.rejected: Counter = Counter()
+        self._folded: dict = {}   # node -> _is_folded(node), asked once per node
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         reason = self.reason(node)
         if reason is not None and node.op == "call_function":
             self.rejected[f"{export.target_name(node.target)}: {reason}"] += 1
         return reason is None
+
+    def is_folded(self, node: torch.fx.Node) -> bool:
+        if node not in self._folded:
+            self._folded[node] = _is_folded(node)
+        return self._folded[node]
 
     def reason(self, node: torch.fx.Node) -> Optional[str]:
         if node.op != "call_function":
@@ -120,10 +128,7 @@ class WgpuPartitioner(Partitioner):
         # ExecuTorch passes a program with FakeTensor weights; value checks read the real ones
         constants = constant_inputs(exported_program, self._real_constants)
         with export.program_constants(constants):
-            proposed = CapabilityBasedPartitioner(
-                gm, support, allows_single_node_partition=True
-            ).propose_partitions()
-            parts = _prune_symbolic(proposed)
+            parts = propose_partitions(gm.graph, support)
         tags = {}
         for i, part in enumerate(parts):
             tag = f"etwgpu_{i}"
@@ -171,24 +176,182 @@ def _resolve_aten(name: str):
     return getattr(getattr(getattr(torch.ops, ns), op), overload, None)
 
 
-def _prune_symbolic(partitions) -> list:
-    """Keep folded nodes (size queries, weight dequantizes) only where all their users are in
-    the same partition, and drop partitions left with no kernel to run: a delegate never
-    returns a bare SymInt or a value no kernel produced."""
-    kept = []
-    for part in partitions:
-        nodes = set(part.nodes)
-        changed = True
-        while changed:
-            changed = False
-            for n in list(nodes):
-                if (_is_folded(n) and any(u not in nodes for u in n.users)) or \
-                        (n.target is operator.getitem and n.args[0] not in nodes):
-                    nodes.discard(n)
-                    changed = True
-        if any(not _is_folded(n) for n in nodes):
-            kept.append(nodes)
-    return kept
+# How propose_partitions sees a call node.
+_COMPUTE = "compute"    # claimed; runs a kernel
+_FOLDED = "folded"      # claimed; runs no kernel (a size, a host-known index, an absorbed
+                        # dequantize): inside a partition only together with all its users
+_OUTSIDE = "outside"    # not claimed: the runner runs it through ATen
+_INF = math.inf
+
+
+def propose_partitions(graph: torch.fx.Graph, support: RegistrySupport) -> list:
+    """The claimed nodes of `graph` grouped into as few delegate calls as their unsupported
+    neighbours allow, in time linear in the graph: a list of node sets.
+
+    Why not torch's CapabilityBasedPartitioner: it keeps every node's set of downstream nodes
+    and, at every node, tries to merge every partition with every other (quadratic in the
+    node count at best), and it sees a folded node (a sym_size, a host-known arange) as a
+    member of the partition it merged it into. A size query that an unsupported SymInt op
+    (`operator.mod`: a pad length) reads then "depends" on that partition, so everything
+    downstream of the pad length is cut off from it, though the size is known on the host
+    before any delegate runs.
+
+    Here every claimed compute node gets a level: the most unsupported nodes that some path
+    from the program's inputs to it leaves the claimed nodes through (a path that leaves
+    and re-enters counts once). Nodes of one level form one partition: no path between two
+    of them leaves the partition (it would raise the later one's level), so a partition
+    never waits on its own output through the runner. The largest level + 1 is also the
+    least number of partitions any grouping can have: the path that sets it passes through
+    claimed nodes of every lower level, and no two of them can share a partition. A node is
+    then moved as late as its users allow (the ALAP level), so that a weight's permute or a
+    mask built from the positions lands with the node that reads it, not in an earlier
+    delegate that would hand it over.
+
+    A folded node that reads nothing a partition computes (sizes, positions, host-known
+    ranges: "host-side") constrains nobody: it joins its users' partition when they all
+    share one, and otherwise stays outside for the runner, which knows its value before any
+    delegate runs. A folded node that reads a partition's tensor (a sym_size of an
+    intermediate) is placed like a compute node and must share a partition with all its
+    users; where it cannot, it is left outside and the levels are computed again.
+    """
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    kinds = {}
+    for n in nodes:
+        if n.target is operator.getitem:
+            continue   # an element of a tuple goes where the tuple's producer goes
+        if not support.is_node_supported(None, n):
+            kinds[n] = _OUTSIDE
+        else:
+            kinds[n] = _FOLDED if support.is_folded(n) else _COMPUTE
+    for n in nodes:
+        if n.target is operator.getitem:
+            support.is_node_supported(None, n)   # counts the rejections as before
+    forced_out: set = set()
+    while True:
+        placement, conflicts = _place(nodes, kinds, forced_out)
+        if not conflicts:
+            break
+        forced_out |= conflicts
+    groups: dict = {}
+    for n, level in placement.items():
+        groups.setdefault(level, set()).add(n)
+    return [groups[k] for k in sorted(groups)
+            if any(kinds.get(_producer(n)) == _COMPUTE for n in groups[k])]
+
+
+def _producer(n):
+    while n.op == "call_function" and n.target is operator.getitem and \
+            isinstance(n.args[0], torch.fx.Node):
+        n = n.args[0]
+    return n
+
+
+def _place(nodes: list, kinds: dict, forced_out: set):
+    """One pass of propose_partitions: (node -> level for every claimed node, the folded nodes
+    that read a partition's tensor yet cannot share a partition with all their users)."""
+    # role: "level" nodes sit in a partition at a level; "host" nodes (outside, or folded and
+    # host-side) are run by the runner unless a folded one joins its users later.
+    role, asap, reach = {}, {}, {}
+
+    def need(p) -> int:
+        """The least level of a claimed node reading p."""
+        p = _producer(p)
+        if p not in role:
+            return 0                       # a placeholder: a program input, weight, buffer
+        if role[p] == "level":
+            return asap[p]
+        return reach[p] + 1 if reach[p] >= 0 else 0
+
+    def feeds(p) -> int:
+        """The highest level whose partition output an unclaimed node reading p waits on."""
+        p = _producer(p)
+        if p not in role:
+            return -1
+        return asap[p] if role[p] == "level" else reach[p]
+
+    for n in nodes:
+        if n.target is operator.getitem:
+            continue
+        inputs = n.all_input_nodes
+        kind = kinds[n]
+        if kind == _FOLDED and n not in forced_out:
+            r = max((feeds(p) for p in inputs), default=-1)
+            if r < 0:
+                role[n], reach[n] = "host", -1       # host-side: constrains nobody
+                continue
+            kind = _COMPUTE
+        if kind == _COMPUTE:
+            role[n] = "level"
+            asap[n] = max((need(p) for p in inputs), default=0)
+        else:
+            role[n] = "host"
+            reach[n] = max((feeds(p) for p in inputs), default=-1)
+    if not asap:
+        return {}, set()
+    top = max(asap.values())
+
+    # ALAP: as late as the users allow. limit[n]: the level n may take at most (level nodes);
+    # first[n]: the lowest level of a claimed node downstream of host node n through host
+    # nodes only (inf when none).
+    limit, first = {}, {}
+
+    def bound(u) -> float:
+        """The highest level a level node read by u may take."""
+        if u.op != "call_function":
+            return top                         # the output
+        if u.target is operator.getitem:
+            return min((bound(w) for w in u.users), default=top)
+        if role[u] == "level":
+            return limit[u]
+        return first[u] - 1
+
+    def reaches(u) -> float:
+        if u.op != "call_function":
+            return _INF
+        if u.target is operator.getitem:
+            return min((reaches(w) for w in u.users), default=_INF)
+        return limit[u] if role[u] == "level" else first[u]
+
+    for n in reversed(nodes):
+        if n.target is operator.getitem:
+            continue
+        if role[n] == "level":
+            limit[n] = max(asap[n], min([top, *(bound(u) for u in n.users)]))
+        else:
+            first[n] = min((reaches(u) for u in n.users), default=_INF)
+
+    placement = {n: limit[n] for n in nodes if role.get(n) == "level"}
+    lowest = min(placement.values())
+    conflicts = set()
+    for n in reversed(nodes):   # users before producers: a folded chain joins as a whole
+        if n.target is operator.getitem:
+            continue
+        if kinds[n] != _FOLDED or n in forced_out:
+            continue
+        levels = {_user_level(u, placement) for u in n.users}
+        if role[n] == "level":
+            if n.users and levels != {placement[n]}:
+                conflicts.add(n)
+        elif len(levels) == 1 and None not in levels:
+            placement[n] = levels.pop()
+        elif not n.users:
+            # a check on the positions (torch._check), which preprocess makes a Graph check:
+            # it reads only host-side values, so any partition may hold it
+            placement[n] = lowest
+    for n in nodes:
+        if n.target is operator.getitem and _producer(n) in placement:
+            placement[n] = placement[_producer(n)]
+    return placement, conflicts
+
+
+def _user_level(u, placement: dict):
+    """The partition level of a folded node's user, or None when it is not claimed."""
+    if u.op != "call_function":
+        return None
+    if u.target is operator.getitem:
+        levels = {_user_level(w, placement) for w in u.users}
+        return levels.pop() if len(levels) == 1 else None
+    return placement.get(u)
 
 
 def _own_mutated_buffers(ep) -> None:

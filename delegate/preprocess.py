@@ -8,6 +8,8 @@ from __future__ import annotations
 import operator
 from typing import List
 
+import torch
+
 from executorch.exir._serialize._named_data_store import NamedDataStore
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -15,6 +17,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from delegate import blob, host_values, passes
 from delegate import ops as registry
 from delegate.ops import export
+from delegate.ops.creation import lower_host_tensor
 from delegate.ops.export import target_name
 from delegate.errors import UnsupportedError
 from delegate.ir import Check, Graph, StateUpdate, SymExpr, in_place_ok, last_reads
@@ -113,8 +116,9 @@ def _demote_in_place(graph: Graph) -> None:
 
 
 def _lower_node(ctx: LoweringContext, node) -> None:
-    """A host-known integer lowers to nothing (delegate/host_values.py); a matching pattern
-    rooted here wins over the node's own op."""
+    """A host-known integer lowers to nothing (delegate/host_values.py) until a kernel reads
+    it as a tensor (then an arange or a 0-d full, delegate/ops/creation.py); a matching
+    pattern rooted here wins over the node's own op."""
     if host_values.host_only(node):
         host = host_values.value_of(node)
         if target_name(node.target) == "aten._local_scalar_dense.default":
@@ -123,6 +127,9 @@ def _lower_node(ctx: LoweringContext, node) -> None:
         elif isinstance(host, host_values.Assertion):
             ctx.graph.checks += [Check(SymExpr(str(e)), host.message)
                                  for e in host.condition.nonneg if not isinstance(e, int)]
+        elif isinstance(host, (host_values.Range, host_values.Scalar)) and \
+                isinstance(node.meta.get("val"), torch.Tensor):
+            ctx.defer_lowering(node, lambda: lower_host_tensor(ctx, node, host))
         return
     pattern = export.pattern_for(node)
     if pattern is not None:

@@ -32,3 +32,11 @@ def slice_bounds(size: int, start, end, step: int) -> tuple:
     start = min(max(start, 0), size)
     end = min(max(end, start), size)
     return start, end, step
+
+
+def index_block_start(indexed: list) -> int:
+    """Where advanced indexing (x[i, :, j]) puts the dims of its broadcast index tensors among
+    the dims it keeps: at the first indexed dim when the indexed dims are adjacent, else in
+    front (numpy's rule, which torch follows). `indexed`: the indexed dims, ascending."""
+    adjacent = indexed == list(range(indexed[0], indexed[0] + len(indexed)))
+    return indexed[0] if adjacent else 0

@@ -1,4 +1,6 @@
-"""Elementwise CPU kernels: torch's out= ops on disjoint chunks of the output.
+"""Elementwise CPU kernels: torch's out= ops on disjoint chunks of the output. torch promotes
+mixed operands (integers, bool, float32) into the output's dtype, which is the ops' definition
+(delegate/ops/elementwise.py).
 
 Large outputs are split along one dim across the pool; inputs are broadcast (expanded, never
 copied) to the output shape first so every chunk is the same narrow() of each operand.
@@ -51,7 +53,7 @@ def _binary(torch_fn, with_alpha: bool):
     def kernel(ins, outs, attrs, scratch):
         b = ins[1] if len(ins) > 1 and ins[1] is not None else attrs["other"]
         if with_alpha:
-            alpha = attrs.get("alpha", 1.0)
+            alpha = attrs.get("alpha", 1)   # an int for integer results: torch refuses a float
             map_chunks(lambda o, x, y: torch_fn(x, y, alpha=alpha, out=o), outs[0], ins[0], b)
         else:
             map_chunks(lambda o, x, y: torch_fn(x, y, out=o), outs[0], ins[0], b)

@@ -192,8 +192,20 @@ def broadcast_layout(out_shape, *operands) -> list:
 # How a kernel reads a 4-byte element (the WebGPU executor holds int64 as i32, bool as u32
 # 0 / 1): KIND_PRELUDE declares these codes to a shader as `const KIND_<NAME>: u32`.
 ELEMENT_KINDS = {"f32": ("float32",), "i32": ("int32", "int64"), "bool": ("bool",)}
-KIND_PRELUDE = "\n".join(f"const KIND_{k.upper()}: u32 = {code}u;"
-                         for code, k in enumerate(ELEMENT_KINDS))
+# With the codes, the decoding every kind-aware shader shares: a 4-byte element's bits as f32
+# (an i32 or bool 0 / 1 converted), its truth as torch tests x != 0 (on the bits, a float's
+# sign dropped: -0 is false, NaN true), and a bool stored as u32 0 / 1.
+KIND_PRELUDE = "\n".join([f"const KIND_{k.upper()}: u32 = {code}u;"
+                          for code, k in enumerate(ELEMENT_KINDS)] + [
+    "fn as_f32(bits: u32, kind: u32) -> f32 {",
+    "    return select(f32(bitcast<i32>(bits)), bitcast<f32>(bits), kind == KIND_F32);",
+    "}",
+    "fn truth(bits: u32, kind: u32) -> bool {",
+    "    return select(bits, bits & 0x7fffffffu, kind == KIND_F32) != 0u;",
+    "}",
+    "fn holds(c: bool) -> u32 {",
+    "    return select(0u, 1u, c);",
+    "}"])
 
 
 def element_kind(dtype) -> int:

@@ -24,14 +24,6 @@ struct CompareParams {
 @group(0) @binding(2) var<storage, read> b: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
 
-fn as_f32(bits: u32, kind: u32) -> f32 {
-    return select(f32(bitcast<i32>(bits)), bitcast<f32>(bits), kind == KIND_F32);
-}
-
-fn holds(c: bool) -> u32 {
-    return select(0u, 1u, c);
-}
-
 // The comparison OP from where x stands against y: below it, level with it, or neither.
 fn verdict(below: bool, level: bool) -> u32 {
     switch OP {

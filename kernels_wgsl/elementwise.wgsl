@@ -9,12 +9,20 @@
 
 override OP: u32 = 0u;
 override HAS_B: bool = true;   // false: the second operand is the scalar p.other
+// Binary operands are read as u32 bits and decoded by their kind (KIND_<NAME>,
+// kernels_wgsl.KIND_PRELUDE: f32, or i32 holding int32 / int64 / bool 0 / 1). FLOAT_MATH
+// (elementwise.py decides it as torch promotes: a float operand, or div) computes in f32,
+// otherwise in i32, which wraps as torch's int32 does. A scalar `other` and alpha come as the
+// bits of the type the op computes in; a scalar's B_KIND says that type.
+override A_KIND: u32 = 0u;
+override B_KIND: u32 = 0u;
+override FLOAT_MATH: bool = true;
 
 struct BinaryParams {
     n: u32,
     rank: u32,
-    alpha: f32,
-    other: f32,
+    alpha: u32,
+    other: u32,
     shape: array<vec4<u32>, 2>,
     a_strides: array<vec4<u32>, 2>,
     b_strides: array<vec4<u32>, 2>,
@@ -30,12 +38,32 @@ struct UnaryParams {
 }
 
 @group(0) @binding(0) var<uniform> bp: BinaryParams;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read> a: array<u32>;
+@group(0) @binding(2) var<storage, read> b: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<u32>;
 
 // add = a + alpha*b, sub = a - alpha*b, mul, div, silu_mul = a * sigmoid(a) * b (SwiGLU:
-// gate a, up b); b broadcast through zero strides.
+// gate a, up b).
+fn binary_f32(x: f32, y: f32, alpha: f32) -> f32 {
+    switch OP {
+        case OP_ADD: { return x + alpha * y; }
+        case OP_SUB: { return x - alpha * y; }
+        case OP_MUL: { return x * y; }
+        case OP_SILU_MUL: { return x * sigmoid(x) * y; }
+        default: { return x / y; }
+    }
+}
+
+// add, sub and mul: the ops the registry lets compute in integers.
+fn binary_i32(x: i32, y: i32, alpha: i32) -> i32 {
+    switch OP {
+        case OP_ADD: { return x + alpha * y; }
+        case OP_SUB: { return x - alpha * y; }
+        default: { return x * y; }
+    }
+}
+
+// b broadcast through zero strides.
 @compute @workgroup_size(256)
 fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
@@ -48,15 +76,13 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (HAS_B) {
         y = b[strided_offset(i, bp.rank, bp.shape, bp.b_strides)];
     }
-    var r: f32;
-    switch OP {
-        case OP_ADD: { r = x + bp.alpha * y; }
-        case OP_SUB: { r = x - bp.alpha * y; }
-        case OP_MUL: { r = x * y; }
-        case OP_SILU_MUL: { r = x * sigmoid(x) * y; }
-        default: { r = x / y; }
+    if (FLOAT_MATH) {
+        let r = binary_f32(as_f32(x, A_KIND), as_f32(y, B_KIND), bitcast<f32>(bp.alpha));
+        out[i] = bitcast<u32>(r);
+    } else {
+        let r = binary_i32(bitcast<i32>(x), bitcast<i32>(y), bitcast<i32>(bp.alpha));
+        out[i] = bitcast<u32>(r);
     }
-    out[i] = r;
 }
 
 @group(0) @binding(0) var<uniform> up: UnaryParams;
@@ -233,4 +259,19 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         return;
     }
     uout[i] = unary_op(ux[i]);
+}
+
+@group(0) @binding(1) var<storage, read> ix: array<i32>;
+@group(0) @binding(2) var<storage, read_write> iout: array<i32>;
+
+// neg of int32 / int64 held as i32, the one unary op the registry runs on integers: -(-2^31)
+// wraps to -2^31, as torch's int32 neg does.
+@compute @workgroup_size(256)
+fn neg_i32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = wg_linear(wid, nwg) * 256u + lid;
+    if (i >= up.n) {
+        return;
+    }
+    iout[i] = -ix[i];
 }

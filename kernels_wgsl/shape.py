@@ -2,8 +2,10 @@
 
 view, unsqueeze, squeeze and clone of our contiguous buffers change metadata only: they are
 registered as aliases and run no dispatch. permute, expand, slice and select are one copy each;
-cat and split are one copy per input or output piece, written at its offset. cast and copy
-are one strided copy that converts each element between dtypes on the way. slice_scatter_pair
+cat and split are one copy per input or output piece, written at its offset. Each moves
+4-byte elements as their bits whatever the dtype (float32, int32, int64 held as i32, bool as
+u32 0 / 1). cast and copy are one strided copy that converts each element between dtypes on
+the way. slice_scatter_pair
 is two row copies (a layer's k and v cache writes) in one grid.
 """
 from __future__ import annotations

@@ -46,8 +46,7 @@ fn converted(bits: u32) -> u32 {
         return bits;
     }
     if (DST == KIND_BOOL) {
-        let nonzero = select(bits, bits & 0x7fffffffu, SRC == KIND_F32) != 0u;
-        return select(0u, 1u, nonzero);
+        return holds(truth(bits, SRC));
     }
     if (DST == KIND_F32) {
         return bitcast<u32>(f32(bitcast<i32>(bits)));

@@ -20,8 +20,8 @@ from delegate.op_table import README, op_table, readme_section, rows
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class LinearCumsumAbs(torch.nn.Module):
-    """linear | cumsum | abs + add: cumsum has no kernel of ours, so it runs outside."""
+class LinearRemainderAbs(torch.nn.Module):
+    """linear | remainder | abs + add: remainder has no kernel of ours, so it runs outside."""
 
     def __init__(self):
         super().__init__()
@@ -29,7 +29,7 @@ class LinearCumsumAbs(torch.nn.Module):
 
     def forward(self, x):
         y = self.fc(x)
-        return torch.cumsum(y, 1) + y.abs()
+        return torch.remainder(y, 0.7) + y.abs()
 
 
 class ScaleBy(torch.nn.Module):
@@ -46,7 +46,7 @@ def ptes(tmp_path_factory):
     d = tmp_path_factory.mktemp("pte")
     torch.manual_seed(0)
     made = {"mlp": lower(seeded(MLP(13, 29, 7)), (torch.randn(5, 13),), device="cpu"),
-            "mixed": lower(LinearCumsumAbs(), (torch.randn(3, 6),), device="cpu"),
+            "mixed": lower(LinearRemainderAbs(), (torch.randn(3, 6),), device="cpu"),
             "scalar": to_edge(torch.export.export(ScaleBy(), (torch.randn(3), 4))).to_executorch()}
     paths = {}
     for name, pm in made.items():
@@ -155,9 +155,9 @@ def test_inspect_lists_methods_delegates_ops_and_device(ptes, capsys):
 def test_inspect_lists_the_aten_kernels_outside_with_their_share(ptes, capsys):
     code, out, _ = cli(capsys, "inspect", ptes["mixed"], "--device", "cpu", "--method", "forward")
     assert code == 0
-    # linear, abs, add delegated (two calls around cumsum); cumsum is 1 of the 4 ops
+    # linear, abs, add delegated (two calls around remainder); remainder is 1 of the 4 ops
     assert "delegated: 3 of 4 op(s), in 2 delegate call(s)" in out
-    assert re.search(r"aten::cumsum\.out\s+x1\s+25\.0%", out), out
+    assert re.search(r"aten::remainder\.\w+\s+x1\s+25\.0%", out), out
 
 
 def test_run_prints_outputs_timing_and_the_aten_kernels_outside(ptes, capsys):
@@ -165,7 +165,7 @@ def test_run_prints_outputs_timing_and_the_aten_kernels_outside(ptes, capsys):
     assert code == 0
     assert "output 0: (3, 5) torch.float32" in out
     assert re.search(r"forward: [0-9.]+ ms/run \(min of 2\)", out)
-    assert re.search(r"aten::cumsum\.out\s+1\s+[0-9.]+\s+[0-9.]+%", out), out
+    assert re.search(r"aten::remainder\.\w+\s+1\s+[0-9.]+\s+[0-9.]+%", out), out
 
 
 def test_run_takes_inputs_from_a_file(ptes, capsys):
@@ -190,7 +190,7 @@ def test_profile_on_cpu_times_each_node_by_op_name(ptes, capsys):
 def test_profile_shares_split_the_method_between_delegates_and_aten(ptes, capsys):
     code, out, _ = cli(capsys, "profile", ptes["mixed"], "--device", "cpu", "--runs", "2")
     assert code == 0
-    assert re.search(r"aten::cumsum\.out\s+1\s+[0-9.]+\s+[0-9.]+%", out), out
+    assert re.search(r"aten::remainder\.\w+\s+1\s+[0-9.]+\s+[0-9.]+%", out), out
     shares = [float(s) for s in re.findall(r"\(([0-9.]+)%\)", out.splitlines()[-1])]
     assert len(shares) == 3 and shares[1] > 0 and abs(sum(shares) - 100) < 0.5, out
 

@@ -73,6 +73,7 @@ ATTR_KINDS: dict[str, Callable] = {
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str) and not isinstance(v, SymExpr),
     "symint": _is_symint,
+    "symnumber": lambda v: _is_symint(v) or isinstance(v, float),   # arange bounds, full's value
     "ints": lambda v: isinstance(v, list) and all(_is_int(e) for e in v),
     "symints": lambda v: isinstance(v, list) and all(_is_symint(e) for e in v),
     "floats": lambda v: isinstance(v, list) and all(isinstance(e, float) for e in v),

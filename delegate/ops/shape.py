@@ -1,5 +1,7 @@
 """Shape ops: view, permute (and transpose / t), slice, select, cat, expand, unsqueeze,
-squeeze, split and clone. Every one is a copy on CPU (edge has only the *_copy forms).
+squeeze, split and clone. Every one is a copy on CPU (edge has only the *_copy forms), and
+moves any 4-byte dtype (float32, int32, int64, bool: a mask's or a position's shape too)
+unconverted: cat's inputs share its result's dtype.
 cast (`.to(dtype)`) and copy (`dst.copy_(src)`) are copies that convert dtypes.
 slice_scatter writes rows at a host-known position: a KV cache's update.
 
@@ -15,7 +17,7 @@ from delegate.ops import register_op
 from delegate.ops.export import (constant_value, pattern_for, register_pattern,
                                  target_name)
 from delegate.shape_math import slice_bounds
-from delegate.ops._common import (FOUR_BYTE, arg, broadcast, contiguous_inputs, float_inputs,
+from delegate.ops._common import (FOUR_BYTE, arg, broadcast, contiguous_inputs,
                                   four_byte_inputs, norm_dim, numel, one_input)
 
 CAST_DTYPES = {str(d).removeprefix("torch."): d for d in FOUR_BYTE}
@@ -286,6 +288,14 @@ def _infer_cat(in_shapes, attrs):
     return [ref[:d] + (sum(s[d] for s in shapes),) + ref[d + 1:]]
 
 
+def _check_cat(node):
+    dtypes = {t.meta["val"].dtype for t in node.args[0] if isinstance(t, torch.fx.Node)}
+    if dtypes - {node.meta["val"].dtype}:
+        return (f"input dtypes {sorted(map(str, dtypes))}: expected all "
+                f"{node.meta['val'].dtype} (no promotion)")
+    return four_byte_inputs(node)
+
+
 def _lower_cat(ctx, node):
     tensors = node.args[0]
     rank = node.meta["val"].dim()
@@ -369,10 +379,6 @@ def _constant_source(node):
     return constant_value(src) if isinstance(src, torch.fx.Node) else None
 
 
-def _check_float(node):
-    return float_inputs(node)
-
-
 def _same_shape(in_shapes, attrs):
     one_input(in_shapes)
     return [tuple(in_shapes[0])]
@@ -427,14 +433,15 @@ def _lower_copy(ctx, node):
 
 
 register_op("view", ("aten.view_copy.default", "aten._unsafe_view.default"), _infer_view,
-            _lower_view, check=_check_float, doc="reshape; sizes may hold one -1",
-            attrs={"sizes": "symints"}, arity=(1, 1))
+            _lower_view, dtypes=FOUR_BYTE, check=four_byte_inputs,
+            doc="reshape; sizes may hold one -1", attrs={"sizes": "symints"}, arity=(1, 1))
 register_op("expand", ("aten.expand_copy.default",), _infer_expand, _lower_expand,
-            check=_check_float, doc="broadcast to sizes; -1 keeps a dim",
+            dtypes=FOUR_BYTE, check=four_byte_inputs, doc="broadcast to sizes; -1 keeps a dim",
             attrs={"sizes": "symints"}, arity=(1, 1))
 register_op("permute", ("aten.permute_copy.default", "aten.transpose_copy.int",
                         "aten.t_copy.default"), _infer_permute, _lower_permute,
-            check=_check_float, doc="reorder dims (transpose and t lower to a permutation)",
+            dtypes=FOUR_BYTE, check=four_byte_inputs,
+            doc="reorder dims (transpose and t lower to a permutation)",
             attrs={"dims": "ints"}, arity=(1, 1))
 register_op("slice", ("aten.slice_copy.Tensor",), _infer_slice, _lower_slice,
             dtypes=FOUR_BYTE, check=four_byte_inputs,
@@ -445,21 +452,24 @@ register_op("select", ("aten.select_copy.int",), _infer_select, _lower_select,
             dtypes=FOUR_BYTE, check=four_byte_inputs,
             doc="index along dim, negative from the end (any 4-byte dtype: positions too)",
             attrs={"dim": "int", "index": "symint"}, arity=(1, 1))
-register_op("cat", ("aten.cat.default",), _infer_cat, _lower_cat, check=_check_float,
-            doc="concatenate any number of tensors along dim", attrs={"dim": "int"},
-            arity=((1, None), 1))
+register_op("cat", ("aten.cat.default",), _infer_cat, _lower_cat, dtypes=FOUR_BYTE,
+            check=_check_cat, doc="concatenate any number of tensors of one dtype along dim",
+            attrs={"dim": "int"}, arity=((1, None), 1))
 register_op("split", ("aten.split_with_sizes_copy.default",), _infer_split, _lower_split,
-            check=_check_float, doc="split along dim into pieces of the given sizes",
+            dtypes=FOUR_BYTE, check=four_byte_inputs,
+            doc="split along dim into pieces of the given sizes",
             attrs={"split_sizes": "symints", "dim": "int"}, arity=(1, (1, None)))
 register_op("unsqueeze", ("aten.unsqueeze_copy.default",), _infer_unsqueeze, _lower_unsqueeze,
-            check=_check_float, doc="insert a size-1 dim", attrs={"dim": "int"}, arity=(1, 1))
+            dtypes=FOUR_BYTE, check=four_byte_inputs, doc="insert a size-1 dim",
+            attrs={"dim": "int"}, arity=(1, 1))
 register_op("squeeze", ("aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
                         "aten.squeeze_copy.default"), _infer_squeeze, _lower_squeeze,
-            check=_check_float, doc="drop size-1 dims", attrs={"dims": "ints"}, arity=(1, 1))
+            dtypes=FOUR_BYTE, check=four_byte_inputs, doc="drop size-1 dims",
+            attrs={"dims": "ints"}, arity=(1, 1))
 register_op("clone", ("aten.clone.default", "aten.alias_copy.default",
                       "dim_order_ops._clone_dim_order.default"), _same_shape, _lower_clone,
-            check=_check_copy_of(float_inputs), doc="contiguous float32 copy", attrs={},
-            arity=(1, 1))
+            dtypes=FOUR_BYTE, check=_check_copy_of(four_byte_inputs), doc="contiguous copy",
+            attrs={}, arity=(1, 1))
 register_op("cast", ("dim_order_ops._to_dim_order_copy.default", "aten._to_copy.default"),
             _infer_cast, _lower_cast, dtypes=FOUR_BYTE,
             check=_check_copy_of(four_byte_inputs),
