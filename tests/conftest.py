@@ -8,9 +8,10 @@ logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 import os
 
 # Model-level cross products (ExecuTorch's tiny Llama / Qwen3.5 lowered per device, form and
-# quantisation, each case an export and a lowering of 5-30 s on a 2-core CI machine). The
-# default run keeps the cases named here, which together still cover every device, form and
-# quantisation; ETWGPU_FULL_SUITE=1 runs every case, as it runs the whole backend suite.
+# quantisation; HF's models, torchvision's CNNs: each case an export and a lowering of 5-30 s
+# on a 2-core CI machine). The default run keeps the cases named here, which together still
+# cover every model, device, form and quantisation; ETWGPU_FULL_SUITE=1 runs every case, as it
+# runs the whole backend suite.
 DEFAULT_CASES = {
     "test_et_llama_folds_both_residual_adds_of_every_layer": {"webgpu"},
     "test_tiny_llama_writes_each_layers_caches_in_one_dispatch_bit_for_bit_unfused":
@@ -28,6 +29,15 @@ DEFAULT_CASES = {
     "test_et_llama_fuses_qkv_and_gate_up_and_matches": {"webgpu"},
     "test_et_llama_norms_become_rms_norm_five_dispatches_fewer_each": {"webgpu"},
     "test_et_llama_prefill_and_decode_match_unfused_and_eager": {"webgpu"},
+    "test_et_llama_logits_are_bit_identical_with_the_pass_toggled":
+        {"all passes-webgpu", "none-cpu"},
+    # real models (an export and a lowering each): every model once, each device twice
+    "test_hf_model_is_one_delegate_call_and_matches_eager":
+        {"llama-webgpu", "qwen2-cpu", "qwen3-cpu", "gpt2-webgpu"},
+    "test_transformer_encoder_layer_is_one_delegate_call_and_matches_eager":
+        {"False-webgpu", "True-cpu"},
+    "test_cnn_is_delegated_in_one_call_and_matches_eager":
+        {"resnet18-webgpu", "mobilenet_v3_small-cpu"},
 }
 
 
