@@ -290,7 +290,7 @@ def plot(figures: list, title: str, path: Path) -> bool:
     if not bars:
         print("no PNG: no figure has a measured peer here")
         return False
-    fig, ax = plt.subplots(figsize=(10, 0.42 * len(bars) + 1.5))
+    fig, ax = plt.subplots(figsize=(12, 0.42 * len(bars) + 1.5))
     labels, ratios = zip(*bars)
     ax.barh(range(len(bars)), ratios, color=["tab:green" if r >= 1 else "tab:red" for r in ratios])
     ax.set_yticks(range(len(bars)), labels, fontsize=7)
