@@ -1,4 +1,5 @@
-"""Embedding CPU kernel: a row gather, out[i, :] = weight[indices[i], :]."""
+"""Embedding CPU kernels: a row gather, out[i, :] = weight[indices[i], :]; embedding_bag, the
+sum / mean / max of each bag of gathered rows (torch's own kernel)."""
 from __future__ import annotations
 
 import torch
@@ -34,3 +35,13 @@ def embedding_q4gsw(ins, outs, attrs, scratch):
     q = torch.stack((nib & 0xF, nib >> 4), dim=-1).reshape(-1, dim).to(torch.float32) - 8
     s = scales.index_select(1, rows).t().repeat_interleave(gs, dim=1)   # [n, D]
     torch.mul(q, s, out=outs[0].view(-1, dim))
+
+
+@register_kernel("embedding_bag")
+def embedding_bag(ins, outs, attrs, scratch):
+    weight, indices, offsets = ins
+    mode = ("sum", "mean", "max").index(attrs["mode"])
+    rows = _rows(indices, weight.shape[0]).long()   # torch wants one index dtype for both
+    bags = torch.ops.aten._embedding_bag(weight, rows, offsets.long(), False, mode, False, None,
+                                         False, attrs["padding_idx"])[0]
+    outs[0].copy_(bags)

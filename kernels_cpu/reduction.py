@@ -1,4 +1,5 @@
-"""Reduction CPU kernels: sum, mean, amax, amin, var over any dims, through torch's out= ops.
+"""Reduction CPU kernels: sum, mean, amax, amin, var over any dims, argmax, argmin and median,
+through torch's out= ops.
 
 When dim 0 is kept and large enough, blocks of it are split across the pool (the RMSNorm
 mean over the last dim of [rows, C] is the common case); otherwise one call.
@@ -58,6 +59,29 @@ def _var(x, dims, keep, attrs, out):
     torch.var(x, dims, correction=attrs["correction"], keepdim=keep, out=out)
 
 
+def _arg(fn):
+    """argmax / argmin over one dim, or over the flattened input (dims [] or every dim)."""
+    def run(x, dims, keep, attrs, out):
+        if len(dims) == 1:
+            fn(x, dims[0], keep, out=out)
+        else:
+            fn(x.reshape(-1), 0, False, out=out.view(()))
+
+    return run
+
+
 for _name, _fn in (("sum", _sum), ("mean", _mean), ("amax", _amax), ("amin", _amin),
-                   ("var", _var)):
+                   ("var", _var), ("argmax", _arg(torch.argmax)), ("argmin", _arg(torch.argmin))):
     register_kernel(_name)(_reduce(_fn))
+
+
+@register_kernel("median")
+def median(ins, outs, attrs, scratch):
+    x, dims, keep = ins[0], attrs["dims"], attrs["keepdim"]
+    if not dims or x.dim() == 0:   # every dim: the flattened input's (value, index)
+        for out, r in zip(outs, torch.median(x.reshape(-1), 0)):
+            out.view(()).copy_(r)
+    elif len(outs) > 1:
+        torch.median(x, dims[0], keep, out=(outs[0], outs[1]))
+    else:
+        outs[0].copy_(torch.median(x, dims[0], keep).values)

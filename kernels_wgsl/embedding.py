@@ -1,5 +1,6 @@
 """Embedding (embedding.wgsl): one thread per output element gathers its weight entry;
-embedding_q4gsw dequantizes its nibble from linear_q4gsw's packed layout on the way."""
+embedding_q4gsw dequantizes its nibble from linear_q4gsw's packed layout on the way;
+embedding_bag reduces its bag's entries of one weight column."""
 from __future__ import annotations
 
 from kernels_wgsl import Dispatch, groups, numel, register_wgsl, words
@@ -26,3 +27,16 @@ def embedding_q4gsw(ins, outs, attrs, info):
 
     return [Dispatch("embedding", "embedding_q4gsw", (0, 1, 2, 3), (3,), sizes,
                      label="embedding_q4gsw")]
+
+
+@register_wgsl("embedding_bag")
+def embedding_bag(ins, outs, attrs, info):
+    def sizes(ins, outs, attrs):
+        vocab, dim = ins[0]
+        n = numel(outs[0])
+        mode = ("sum", "mean", "max").index(attrs["mode"])
+        return (words(n, dim, vocab, ins[1][0], ins[2][0], mode, attrs["padding_idx"]),
+                groups(n, WG))
+
+    return [Dispatch("embedding", "embedding_bag", (0, 1, 2, 3), (3,), sizes,
+                     label="embedding_bag")]

@@ -487,6 +487,17 @@ def test_embedding_rejects_out_of_range_index():
         run1("embedding", [w, idx])
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding", [None, 5])
+def test_embedding_bag_reduces_each_bag(mode, padding):
+    from tests.test_kernels_wgsl import BAGS, embedding_bag_reference
+
+    w, (idx, offsets) = torch.randn(11, 7), BAGS
+    got = run1("embedding_bag", [w, idx, offsets.int()], mode=mode,
+               padding_idx=-1 if padding is None else padding)
+    check(got, embedding_bag_reference(w, idx, offsets, mode, padding), "reduction")
+
+
 # ---- attention -------------------------------------------------------------------------------
 def sdpa_ref(q, k, v, mask=None, **kw):
     return F.scaled_dot_product_attention(d(q), d(k), d(v), attn_mask=d(mask), **kw)

@@ -283,6 +283,25 @@ def test_embedding(index_dtype):
     check(run_wgsl("embedding", [w, idx], {}, consts={0})[0], F.embedding(idx, w), "embedding")
 
 
+# Bags of embedding_bag (indices, offsets): of 3, 0, 1, 4 and 0 entries; the padding row 5 is
+# in two of them.
+BAGS = (torch.tensor([1, 5, 9, 4, 3, 5, 2, 0]), torch.tensor([0, 3, 3, 4, 8]))
+
+
+def embedding_bag_reference(w, idx, offsets, mode, padding):
+    return F.embedding_bag(idx.long(), w.double(), offsets.long(), mode=mode,
+                           padding_idx=padding)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding", [None, 5])
+def test_embedding_bag(mode, padding):
+    w, (idx, offsets) = rand(11, 7), BAGS
+    attrs = {"mode": mode, "padding_idx": -1 if padding is None else padding}
+    got = run_wgsl("embedding_bag", [w, idx.int(), offsets], attrs, consts={0})[0]
+    check(got, embedding_bag_reference(w, idx, offsets, mode, padding), "reduction")
+
+
 # ---- attention ------------------------------------------------------------------------------
 def sdpa_attrs(causal=False, scale=None, gqa=False):
     return {"is_causal": causal, "scale": scale, "enable_gqa": gqa}

@@ -1,4 +1,13 @@
-"""Embedding lookup: rows of a float32 weight [V, D] gathered by int32 or int64 indices.
+"""Embedding lookup: rows of a float32 weight [V, D] gathered by int32 or int64 indices; and
+embedding_bag (edge's aten._embedding_bag), the sum, mean or max of each bag of gathered rows.
+
+embedding_bag: bag b holds indices[offsets[b] : offsets[b + 1]], the last bag running to the
+end of indices. An index equal to `padding_idx` (-1: none) is left out of its bag, and of a
+mean's count; an empty bag gives zeros. Only output 0 may be read (offset2bag, bag_size and
+max_indices are training bookkeeping). Not claimed: per-sample weights, and
+include_last_offset, whose last offset torch expects to be len(indices), a runtime value: where
+it is not, torch's own kernels disagree (float32 sum stops there, max and float64 run to the
+end, float32 mean sums to there and divides by the count to the end).
 
 embedding_q4gsw gathers rows of a torchao int4 weight-only embedding
 (`IntxWeightOnlyConfig(int4, PerGroup(gs))` on nn.Embedding: a dequantize_affine feeding
@@ -12,7 +21,7 @@ import torch
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops._common import contiguous_inputs, one_input
+from delegate.ops._common import arg, contiguous_inputs, one_input, only_output0
 from delegate.ops.export import register_pattern
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -41,6 +50,55 @@ def _check_embedding(node):
 register_op("embedding", ("aten.embedding.default",), _infer_embedding, _lower_embedding,
             check=_check_embedding, doc="out[..., :] = weight[indices[...], :]",
             attrs={}, arity=(2, 1))
+
+
+EMBEDDING_BAG_MODES = ("sum", "mean", "max")   # aten._embedding_bag's mode 0, 1, 2
+
+
+def _infer_embedding_bag(in_shapes, attrs):
+    one_input(in_shapes, 3)
+    weight, indices, offsets = (tuple(s) for s in in_shapes[:3])
+    expect(len(weight) == 2, DelegateError, "embedding_bag weight rank", 2, len(weight))
+    expect(len(indices) == 1 and len(offsets) == 1, DelegateError,
+           "embedding_bag indices and offsets", "1-D", f"{indices} and {offsets}")
+    expect(attrs["mode"] in EMBEDDING_BAG_MODES, DelegateError, "embedding_bag mode",
+           EMBEDDING_BAG_MODES, attrs["mode"])
+    return [(offsets[0], weight[1])]
+
+
+def _check_embedding_bag(node):
+    if only_output0(node) is None:
+        return "outputs: expected only output 0 (the bags) read"
+    weight, indices, offsets = (a.meta["val"] for a in node.args[:3])
+    if weight.dtype != torch.float32:
+        return f"embedding_bag weight: expected float32, got {weight.dtype}"
+    if indices.dim() != 1 or offsets.dim() != 1:
+        return f"embedding_bag indices, offsets: expected 1-D, got {indices.dim()}-D, " \
+               f"{offsets.dim()}-D"
+    for what, t in (("indices", indices), ("offsets", offsets)):
+        if t.dtype not in _INDEX_DTYPES:
+            return f"embedding_bag {what}: expected int32 or int64, got {t.dtype}"
+    if arg(node, 6, "per_sample_weights") is not None:
+        return "per_sample_weights: expected None"
+    if arg(node, 7, "include_last_offset", False):
+        return "include_last_offset: expected False (torch's kernels disagree on its last bag)"
+    if arg(node, 4, "mode", 0) not in (0, 1, 2):
+        return f"mode: expected 0, 1 or 2 (sum, mean, max), got {arg(node, 4, 'mode', 0)}"
+    return contiguous_inputs(node)
+
+
+def _lower_embedding_bag(ctx, node):
+    padding = arg(node, 8, "padding_idx", -1)
+    ctx.emit("embedding_bag", [ctx.tensor(a) for a in node.args[:3]],
+             [ctx.output(only_output0(node))], mode=EMBEDDING_BAG_MODES[arg(node, 4, "mode", 0)],
+             padding_idx=-1 if padding is None else int(padding))
+
+
+register_op("embedding_bag", ("aten._embedding_bag.default",), _infer_embedding_bag,
+            _lower_embedding_bag, dtypes=(torch.float32, torch.int64), check=_check_embedding_bag,
+            doc="sum / mean / max of weight rows over each bag indices[offsets[b]:offsets[b+1]]",
+            attrs={"mode": "str", "padding_idx": "int"},
+            arity=(3, 1))
 
 
 def _infer_embedding_q4gsw(in_shapes, attrs):
