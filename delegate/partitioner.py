@@ -159,14 +159,16 @@ class WgpuPartitioner(Partitioner):
             return self._kept_ops(ep, support), None
 
     def _kept_ops(self, ep, support) -> list:
+        by_target: dict = {}   # one pass over the graph, not one per op
+        for n in ep.graph_module.graph.nodes:
+            if n.op == "call_function":
+                by_target.setdefault(n.target, []).append(n)
         keep = []
         for op in registry.all_ops().values():
             if not kernel_exists(op.name, self.device):
                 continue
             for aten_op in filter(None, (_resolve_aten(name) for name in op.keep)):
-                nodes = [n for n in ep.graph_module.graph.nodes
-                         if n.op == "call_function" and n.target == aten_op]
-                if all(support.reason(n) is None for n in nodes):
+                if all(support.reason(n) is None for n in by_target.get(aten_op, ())):
                     keep.append(aten_op)
         return keep
 
