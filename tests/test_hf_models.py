@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from delegate.aot import lower, undelegated_ops
-from tests.test_models import DEVICES, run_pte
-from tests.tolerances import tol
+from tests.test_models import DEVICES, assert_matches_eager
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,11 +52,7 @@ def _check_one_call(pm, xs, model, device):
     calls = [n for n in gm.graph.nodes if n.op == "call_function"
              and "executorch_call_delegate" in str(n.target)]
     assert len(calls) == 1, f"expected one delegate call, got {len(calls)}"
-    for x, (got,) in zip(xs, run_pte(pm, [(x,) for x in xs], device)):
-        with torch.no_grad():
-            want = model(x)
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, **tol("model", device))
+    assert_matches_eager(pm, xs, model, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -23,6 +23,15 @@ def run_pte(pm, inputs_list, device):
         prog.destroy()
 
 
+def assert_matches_eager(pm, xs, model, device):
+    """The .pte's one output equals model(x) for each x, within the model tolerance."""
+    for x, (got,) in zip(xs, run_pte(pm, [(x,) for x in xs], device)):
+        with torch.no_grad():
+            want = model(x)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, **tol("model", device))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("flow", ["transform_and_lower", "to_backend"])
 def test_mlp_is_fully_delegated_and_matches_eager(flow, device):
@@ -43,12 +52,7 @@ def test_transformer_block_with_dynamic_sequence_runs_at_three_lengths(flow, dev
                flow=flow)
     if flow == "transform_and_lower":
         assert undelegated_ops(pm) == []
-    xs = [torch.randn(1, t, 64) for t in (3, 17, 64)]
-    for x, (got,) in zip(xs, run_pte(pm, [(x,) for x in xs], device)):
-        with torch.no_grad():
-            want = model(x)
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, **tol("model", device))
+    assert_matches_eager(pm, [torch.randn(1, t, 64) for t in (3, 17, 64)], model, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
