@@ -31,6 +31,10 @@ DEFAULT_CASES = {
     "test_et_llama_prefill_and_decode_match_unfused_and_eager": {"webgpu"},
     "test_et_llama_logits_are_bit_identical_with_the_pass_toggled":
         {"all passes-webgpu", "none-cpu"},
+    # export-llm + generate: each quantisation once, each device once (the --no-fuse export
+    # and its test run in the full suite)
+    "test_generate_is_the_eager_models_greedy_decoding": {"none-cpu", "int4-g32-webgpu"},
+    "test_no_fuse_lowers_with_the_passes_off_and_decodes_the_same": set(),
     # real models (an export and a lowering each): every model once, each device twice
     "test_hf_model_is_one_delegate_call_and_matches_eager":
         {"llama-webgpu", "qwen2-cpu", "qwen3-cpu", "gpt2-webgpu"},
