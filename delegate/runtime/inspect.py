@@ -59,11 +59,16 @@ def delegation(plan, program) -> tuple:
     return n_in, n_out, calls
 
 
-def delegation_of(data: bytes, method: str | None = None) -> tuple:
-    """`delegation` of one method of a .pte."""
+def _method_plan(data: bytes, method: str | None) -> tuple:
+    """(execution plan of `method`, or of the one method there is; the program) of a .pte."""
     program = _pte(data).program
     plans = {p.name: p for p in program.execution_plan}
-    return delegation(plans[pick_method(plans, method)], program)
+    return plans[pick_method(plans, method)], program
+
+
+def delegation_of(data: bytes, method: str | None = None) -> tuple:
+    """`delegation` of one method of a .pte."""
+    return delegation(*_method_plan(data, method))
 
 
 def outside_summary(plan, program) -> list:
@@ -82,9 +87,7 @@ def outside_summary(plan, program) -> list:
 
 def describe_outside(data: bytes, method: str | None = None) -> str:
     """outside_summary of one method of a .pte (the demo prints it for what it lowered)."""
-    program = _pte(data).program
-    plans = {p.name: p for p in program.execution_plan}
-    return "\n".join(outside_summary(plans[pick_method(plans, method)], program))
+    return "\n".join(outside_summary(*_method_plan(data, method)))
 
 
 def kernel_calls(plan) -> Counter:
