@@ -2,6 +2,7 @@
 map wait, copy out), for the Llama-shaped q4gsw layer of bench/overhead.py at a given T.
 
     python bench/readback_probe.py --t 1,512
+    python bench/readback_probe.py --floor     # ways to wait for a readback, and the layer with each
 """
 from __future__ import annotations
 
@@ -30,25 +31,101 @@ def phases(ex, x, reps: int = 10) -> dict:
         t.append(time.perf_counter())
         ex._gpu.queue.submit([cmd])
         t.append(time.perf_counter())
-        ex._readback.map_sync("READ_NOSYNC", 0, r.readback_bytes)
+        raw = ex._gpu.map_read(ex._readback, r.readback_bytes)
         t.append(time.perf_counter())
-        raw = ex._readback.read_mapped(0, r.readback_bytes, copy=False)
         out = np.empty(r.readback_bytes // 4, np.float32)
         np.copyto(out, np.frombuffer(raw, np.float32))
         t.append(time.perf_counter())
-        ex._readback.unmap()
+        ex._gpu.unmap_read(ex._readback)
         t.append(time.perf_counter())
-        names = ("upload", "encode", "submit", "map wait", "copy out", "unmap")
+        names = ("upload", "encode", "submit", "map wait + mapped range", "copy out", "unmap")
         for n, a, z in zip(names, t, t[1:]):
             best[n] = min(best.get(n, 1e9), (z - a) * 1e6)
     best["readback MB"] = r.readback_bytes / 2 ** 20
     return best
 
 
+def _map_sync(buffer, nbytes):
+    buffer.map_sync("READ_NOSYNC", 0, nbytes)
+    return buffer.read_mapped(0, nbytes, copy=False)
+
+
+def _poll_here(buffer, nbytes):
+    """wgpu-py's promise, resolved by polling in this thread rather than by its poll thread."""
+    promise = buffer.map_async("READ_NOSYNC", 0, nbytes)
+    buffer._device._poll_wait()
+    promise.sync_wait()
+    return buffer.read_mapped(0, nbytes, copy=False)
+
+
+def _waits(gpu):
+    """name -> (map, unmap): GpuDevice's native calls, wgpu-py's map_sync, and wgpu-py's promise
+    with the poll in this thread."""
+    native = gpu._native_map
+    return {"native": (native.map, native.unmap),
+            "map_sync": (_map_sync, lambda b: b.unmap()),
+            "wgpu-py poll here": (_poll_here, lambda b: b.unmap())}
+
+
+def floor(reps: int = 300) -> None:
+    """Copy nbytes on the GPU, submit, wait and read them, each way of _waits; min, median µs."""
+    import wgpu
+    from kernels_wgsl.device import get_device
+
+    gpu = get_device()
+    u = wgpu.BufferUsage
+    for nbytes in (16, 8192):
+        src = gpu.device.create_buffer(size=nbytes, usage=u.STORAGE | u.COPY_SRC | u.COPY_DST)
+        dst = gpu.device.create_buffer(size=nbytes, usage=u.MAP_READ | u.COPY_DST)
+        times: dict = {name: [] for name in _waits(gpu)}
+        for _ in range(reps):
+            for name, (map_, unmap) in _waits(gpu).items():
+                t0 = time.perf_counter()
+                enc = gpu.device.create_command_encoder()
+                enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+                gpu.queue.submit([enc.finish()])
+                np.frombuffer(map_(dst, nbytes), np.uint8).sum()
+                unmap(dst)
+                times[name].append((time.perf_counter() - t0) * 1e6)
+        print(f"copy {nbytes} B + submit + wait + read: " + ", ".join(
+            f"{k} min {min(v):.1f} median {np.median(v):.1f}" for k, v in times.items()),
+            flush=True)
+
+
+def layer_waits(reps: int = 200) -> None:
+    """The Llama-shaped layer at T=1, executed with the native map and with map_sync,
+    interleaved."""
+    prog, m = load(llama_layer(), "webgpu")
+    (_, ex), = m.delegates
+    x = torch.randn(1, 1, 2048)
+    native = ex._gpu._native_map
+    times: dict = {"native": [], "map_sync": []}
+    end = time.perf_counter() + 1.5
+    while time.perf_counter() < end:   # clocks up
+        m.execute([x])
+    try:
+        for _ in range(reps):
+            for name, way in (("native", native), ("map_sync", None)):
+                ex._gpu._native_map = way
+                t0 = time.perf_counter()
+                m.execute([x])
+                times[name].append((time.perf_counter() - t0) * 1e6)
+    finally:
+        ex._gpu._native_map = native
+    print("layer T=1 execute: " + ", ".join(
+        f"{k} min {min(v):.1f} median {np.median(v):.1f}" for k, v in times.items()), flush=True)
+    prog.destroy()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--t", default="1,512")
+    ap.add_argument("--floor", action="store_true")
     args = ap.parse_args()
+    if args.floor:
+        floor()
+        layer_waits()
+        return
     prog, m = load(llama_layer(), "webgpu")
     (_, ex), = m.delegates
     for t in (int(s) for s in args.t.split(",")):

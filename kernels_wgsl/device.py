@@ -151,6 +151,65 @@ def raw_pass_calls():
         return None
 
 
+class NativeMap:
+    """wgpu-native's buffer-map calls without wgpu-py's promise and poll thread.
+
+    wgpu-py's map_sync makes a promise and a cffi callback per call, wakes its per-device poll
+    thread and waits on an event that thread sets: a thread wake and two GIL handoffs on every
+    readback. Here one callback lives as long as the device, and the calling thread polls
+    (wgpuDevicePoll with wait, which also runs the callback). The calls are raw, as
+    RawPassCalls' are: a refused map reaches the callback as an error status, which map()
+    raises as DeviceError. wgpu-py never sees these buffers mapped, so they are mapped only
+    through here. Timings: bench/readback_probe.py --floor."""
+
+    def __init__(self, device):
+        from wgpu.backends.wgpu_native._api import ffi, lib
+
+        self._ffi, self._device, self._status = ffi, device._internal, []
+        self._map_async, self._poll = lib.wgpuBufferMapAsync, lib.wgpuDevicePoll
+        self._range, self._unmap = lib.wgpuBufferGetConstMappedRange, lib.wgpuBufferUnmap
+        self._read, self._success = lib.WGPUMapMode_Read, lib.WGPUMapAsyncStatus_Success
+        self._callback = ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
+                                      self._done)
+        self._info = ffi.new("WGPUBufferMapCallbackInfo *")
+        self._info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        self._info.callback = self._callback
+
+    def _done(self, status, _message, _userdata1, _userdata2) -> None:
+        self._status.append(status)
+
+    def map(self, buffer, nbytes: int):
+        """A cffi buffer over the mapped bytes (dangling after unmap: copy out first)."""
+        self._status.clear()
+        self._map_async(buffer._internal, self._read, 0, nbytes, self._info[0])
+        for _ in range(MAP_POLLS):   # a poll waits for the queue; the callback may run later
+            self._poll(self._device, True, self._ffi.NULL)
+            if self._status:
+                break
+        if self._status != [self._success]:
+            got = self._status or f"no callback after {MAP_POLLS} polls"
+            raise DeviceError(f"readback of {nbytes} bytes: expected the buffer mapped, got "
+                              f"map status {got}")
+        return self._ffi.buffer(self._range(buffer._internal, 0, nbytes), nbytes)
+
+    def unmap(self, buffer) -> None:
+        self._unmap(buffer._internal)
+
+
+MAP_POLLS = 100
+
+
+def native_map(device):
+    """NativeMap, or None when wgpu-py's native backend does not expose its calls or
+    ETWGPU_CHECKED_ENCODE=1 asks for wgpu-py's own calls."""
+    if os.environ.get("ETWGPU_CHECKED_ENCODE") == "1":
+        return None
+    try:
+        return NativeMap(device)
+    except (ImportError, AttributeError):   # another wgpu-py backend or layout
+        return None
+
+
 @dataclass
 class GpuDevice:
     adapter: object
@@ -165,6 +224,7 @@ class GpuDevice:
     _pipelines: dict = field(default_factory=dict)       # key -> _CachedPipeline in use
     _idle: OrderedDict = field(default_factory=OrderedDict)
     _layouts: dict = field(default_factory=dict)
+    _native_map: object = None    # NativeMap, or None for wgpu-py's map_sync
 
     @property
     def queue(self):
@@ -191,6 +251,22 @@ class GpuDevice:
             self._idle[key] = entry
             while len(self._idle) > IDLE_PIPELINES:
                 self._idle.popitem(last=False)
+
+    # ---- readback ------------------------------------------------------------------------
+    def map_read(self, buffer, nbytes: int):
+        """The first nbytes of a MAP_READ buffer that the last submit wrote, mapped: a buffer
+        to copy from before unmap_read(buffer). READ_NOSYNC skips wgpu-py's first-map
+        workaround, an empty submit so that a never-written buffer reads back."""
+        if self._native_map is not None:
+            return self._native_map.map(buffer, nbytes)
+        buffer.map_sync("READ_NOSYNC", 0, nbytes)
+        return buffer.read_mapped(0, nbytes, copy=False)
+
+    def unmap_read(self, buffer) -> None:
+        if self._native_map is not None:
+            self._native_map.unmap(buffer)
+        else:
+            buffer.unmap()
 
     def pipeline_count(self) -> int:
         return len(self._pipelines) + len(self._idle)
@@ -255,7 +331,7 @@ def _open(adapter) -> GpuDevice:
                           f"got {type(e).__name__}: {e}") from e
     gpu = GpuDevice(adapter, device, _describe_adapter(adapter), "shader-f16" in features,
                     "timestamp-query" in features, dict(device.limits), software_adapter(adapter),
-                    has_subgroups="subgroup" in features)
+                    has_subgroups="subgroup" in features, _native_map=native_map(device))
     log.info("etwgpu: webgpu adapter %s; features %s; max buffer %d MiB, binding %d MiB",
              gpu.name, features or "none", limits.get("max-buffer-size", 0) >> 20,
              limits.get("max-storage-buffer-binding-size", 0) >> 20)

@@ -124,6 +124,50 @@ def test_raw_pass_calls_encode_what_the_checked_calls_encode(monkeypatch):
         assert torch.equal(raw, checked)
 
 
+def test_native_map_reads_what_wgpu_pys_map_sync_reads(monkeypatch):
+    # NativeMap polls in this thread instead of waiting on wgpu-py's poll thread
+    graph, weights = dynamic_block()
+    xs = [torch.randn(seq, 32) for seq in (3, 16, 1)]
+    gpu = wgsl_device.get_device()
+    assert gpu._native_map is not None   # wgpu-py's native backend, as CI installs it
+    results = {}
+    for way in ("native", "map_sync"):
+        if way == "map_sync":
+            monkeypatch.setattr(gpu, "_native_map", None)
+        ex = WebGpuExecutor(graph, weights)
+        try:
+            results[way] = [ex.execute([x])[0] for x in xs]
+        finally:
+            ex.destroy()
+    for native, synced in zip(results["native"], results["map_sync"]):
+        assert torch.equal(native, synced)
+
+
+def test_a_refused_native_map_raises_device_error_and_leaves_the_buffer_usable():
+    import numpy as np
+    import wgpu
+
+    gpu = wgsl_device.get_device()
+    usage = wgpu.BufferUsage
+    src = gpu.device.create_buffer(size=64, usage=usage.STORAGE | usage.COPY_SRC | usage.COPY_DST)
+    dst = gpu.device.create_buffer(size=64, usage=usage.MAP_READ | usage.COPY_DST)
+    try:
+        gpu.queue.write_buffer(src, 0, np.arange(16, dtype=np.float32))
+        encoder = gpu.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(src, 0, dst, 0, 64)
+        gpu.queue.submit([encoder.finish()])
+        with pytest.raises(DeviceError, match="readback of 128 bytes: expected the buffer mapped"):
+            gpu.map_read(dst, 128)   # past the buffer's end
+        with pytest.raises(DeviceError, match="expected the buffer mapped"):
+            gpu.map_read(src, 64)    # not MAP_READ
+        got = np.frombuffer(gpu.map_read(dst, 64), np.float32).copy()
+        gpu.unmap_read(dst)
+        assert got.tolist() == list(range(16))
+    finally:
+        src.destroy()
+        dst.destroy()
+
+
 def test_an_invalid_raw_dispatch_still_raises_when_the_encoder_finishes():
     import wgpu
 

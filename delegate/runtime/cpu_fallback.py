@@ -84,16 +84,15 @@ def run(ex, r: CpuRun, encoder, inputs: list, attrs_now: dict):
             encoder.copy_buffer_to_buffer(buf, 0, ex._staging, off, size)
     gpu.queue.submit([encoder.finish()])
     if r.staging_bytes:
-        ex._staging.map_sync("READ_NOSYNC", 0, r.staging_bytes)   # just submitted: no sync
+        raw = gpu.map_read(ex._staging, r.staging_bytes)
         try:
-            raw = ex._staging.read_mapped(0, r.staging_bytes, copy=False)
             for _, off, size, t in r.reads:
                 if size:
                     src = np.frombuffer(raw, _NP_DTYPES[t.dtype], size // 4, off).reshape(t.shape)
                     np.copyto(t.numpy(), src != 0 if t.dtype == torch.bool else src,
                               casting="unsafe")
         finally:
-            ex._staging.unmap()
+            gpu.unmap_read(ex._staging)
     for pos, sites in r.inputs:
         for lst, j in sites:
             lst[j] = inputs[pos]

@@ -583,11 +583,8 @@ class WebGpuExecutor:
         if not r.readback_bytes:
             return results
         self.transfers.download(r.readback_bytes)
-        # READ_NOSYNC: wgpu-py's first-map workaround submits an empty command buffer so a
-        # never-written buffer reads back; ours was just written by the submit above.
-        self._readback.map_sync("READ_NOSYNC", 0, _align4(r.readback_bytes))
+        raw = self._gpu.map_read(self._readback, _align4(r.readback_bytes))
         try:
-            raw = self._readback.read_mapped(0, _align4(r.readback_bytes), copy=False)
             for (j, _, off, size), out in zip(r.reads, results):
                 if size:   # numpy copies (and widens int32 -> int64) from the mapped bytes
                     gpu = np.frombuffer(raw, dtype=_NP_DTYPES[out.dtype],
@@ -595,7 +592,7 @@ class WebGpuExecutor:
                     np.copyto(out.numpy(), (gpu != 0 if out.dtype == torch.bool else gpu)
                               .reshape(out.shape), casting="unsafe")
         finally:
-            self._readback.unmap()
+            self._gpu.unmap_read(self._readback)
         return results
 
     # ---- introspection and teardown ----------------------------------------------------------
