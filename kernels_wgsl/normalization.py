@@ -1,10 +1,27 @@
 """rms_norm and layer_norm (normalization.wgsl): one workgroup per row of the trailing
-normalized dims; absent weight or bias bind nothing the shader reads."""
+normalized dims; absent weight or bias bind nothing the shader reads. Rows whose length is a
+multiple of 4 are read as vec4s."""
 from __future__ import annotations
 
 from kernels_wgsl import Dispatch, numel, register_wgsl, words
 
 F32_EPS = 1.1920928955078125e-07   # torch.finfo(torch.float32).eps: rms_norm's eps=None
+
+
+# The shader's lane type V, its width LANES and total(): the sum of a lane's components.
+_LANES = {
+    1: "alias V = f32;\nconst LANES: u32 = 1u;\nfn total(v: f32) -> f32 { return v; }",
+    4: "alias V = vec4<f32>;\nconst LANES: u32 = 4u;\n"
+       "fn total(v: vec4<f32>) -> f32 { return (v.x + v.y) + (v.z + v.w); }",
+}
+
+
+def _prelude(attrs) -> str:
+    """vec4 lanes where the row length is a known multiple of 4 (the weight's and bias's rows
+    are the same length, and every binding starts 256-byte aligned)."""
+    dims = attrs["normalized_shape"]
+    known = all(type(d) is int for d in dims)
+    return _LANES[4 if known and numel(dims) % 4 == 0 else 1]
 
 
 def _rows(x, normalized) -> tuple:
@@ -23,7 +40,7 @@ def rms_norm(ins, outs, attrs, info):
 
     consts = (("HAS_WEIGHT", int(has_w)), ("HAS_BIAS", 0))
     return [Dispatch("normalization", "rms_norm", (0, 1 if has_w else None, None, 2), (2,),
-                     sizes, consts, label="rms_norm")]
+                     sizes, consts, label="rms_norm", prelude=_prelude(attrs))]
 
 
 @register_wgsl("layer_norm")
@@ -40,4 +57,4 @@ def layer_norm(ins, outs, attrs, info):
     writes = (3, 4, 5) if stats else (3, None)   # None: the unused stats bindings
     consts = (("HAS_WEIGHT", int(has_w)), ("HAS_BIAS", int(has_b)), ("STATS", int(stats)))
     return [Dispatch("normalization", "layer_norm", args, writes, sizes, consts,
-                     label="layer_norm")]
+                     label="layer_norm", prelude=_prelude(attrs))]

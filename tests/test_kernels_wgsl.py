@@ -252,12 +252,24 @@ def test_softmax_long_row():
     check(run_wgsl("softmax", [x], {"dim": -1})[0], torch.softmax(x, -1), "softmax")
 
 
+# rows of f32 lanes (131), of vec4 lanes held in registers (2048: Llama's, 132), and longer
+# than the registers hold (6000: the rest is read again from memory)
+@pytest.mark.parametrize("d", [131, 132, 2048, 6000])
 @pytest.mark.parametrize("weight, eps", [(True, 1e-6), (False, None)])
-def test_rms_norm(weight, eps):
-    x, w = rand(3, 5, 131), rand(131)
-    attrs = {"normalized_shape": [131], "eps": eps}
+def test_rms_norm(weight, eps, d):
+    x, w = rand(3, 5, d), rand(d)
+    attrs = {"normalized_shape": [d], "eps": eps}
     got = run_wgsl("rms_norm", [x, w if weight else None], attrs, consts={1})[0]
-    check(got, F.rms_norm(x, [131], w if weight else None, eps), "normalization")
+    check(got, F.rms_norm(x, [d], w if weight else None, eps), "normalization")
+
+
+@pytest.mark.parametrize("d", [131, 2048, 6000])
+def test_layer_norm_rows_in_registers_and_beyond(d):
+    x, w, b = rand(3, d) + 3, rand(d), rand(d)
+    attrs = {"normalized_shape": [d], "eps": 1e-5, "stats": True}
+    got = run_wgsl("layer_norm", [x, w, b], attrs, consts={1, 2})
+    for g, want in zip(got, torch.native_layer_norm(x, [d], w, b, 1e-5)):
+        check(g, want.reshape(g.shape), "normalization")
 
 
 def test_layer_norm_over_two_dims():
