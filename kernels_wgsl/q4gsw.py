@@ -9,12 +9,19 @@ live M, each with either of two epilogues.
     M >= TILE128_MIN_M and enough 128x128 tiles to fill the GPU:
                   q4gsw_steel_gemm128.wgsl   128x128 tile, 256 threads, 8x8 per thread, BK 8,
                                              double-buffered tiles of dequantized weights
+    M >= TILE128_MIN_M and K > K_SPLIT (split K, where the executor binds scratch):
+                  q4gsw_steel_gemm128.wgsl   the 128x128 tile per (K chunk, tile) into partials,
+                                             then q4gsw_splitk_reduce sums them in chunk order
 
 Both GEMMs can hold f16 tile values (f32 accumulation) on a device with shader-f16, or run all
 in f32 (the prelude picks tile_t). f32 tiles are the default: on the H200 they were faster at
 every bench/q4gsw.py shape (2048^3: 656 against 694 us) and they round nothing. Both GEMMs
 dequantize a weight before it meets x and sum each output as one FMA chain over k in order, so
 for the same tile_t they give the same bits: the router's choice of tile changes no value.
+Split K sums one chain per chunk and then the chunks, so its bits differ from the unsplit
+chain's; whether it runs depends on K and the live M alone, never on N, so a fused op's
+columns still match their unfused linears bit for bit (unless the fused op's partials outgrow
+the device's binding limit while the unfused ones fit: then the fused op runs unsplit).
 Every dispatch is built once per load; `sizes` gives the ones that do not fit the live M a
 workgroup count of 0, so the executor skips them.
 Operands: x [..., K], packed int32 [N, K/8], scales float32 [K/gs, N padded to 4], bias [N] or
@@ -53,6 +60,11 @@ TILE, TILE128 = 64, 128
 # 1339 against 1791 us), at 256 the 128x128 (M 2048, N 2048: 656 against 1026 us).
 TILE128_MIN_M = 64
 TILE128_MIN_TILES = 256
+# Split K from this K up: chunks of K_SPLIT (a multiple of BK = 8), one workgroup per chunk
+# and tile, at every M >= TILE128_MIN_M. Only the chunk length decides bits, so it is one
+# constant; None turns split K off. 2048 splits only Llama-3.2-1B's down projection (K 8192,
+# N 2048: 64 tiles at M 512 for 132 SMs) into 4 chunks.
+K_SPLIT = 2048
 TILES_F16 = False   # f16 tile values where the device has shader-f16 (see the docstring)
 TILE128_THREADS = 256
 PRELUDE = {True: "enable f16;\nalias tile_t = f16;", False: "alias tile_t = f32;"}
@@ -122,16 +134,70 @@ def _live_m(ins) -> int:
 
 
 def steel_gemm(tile: int, f16: bool, n: int, epi: Epilogue, runs) -> Dispatch:
-    """The GEMM of `tile` (64 or 128), dispatched when runs(m, n) for the live M."""
+    """The GEMM of `tile` (64 or 128, unsplit), dispatched when runs(m, n) for the live M."""
     shader = GEMM if tile == TILE else GEMM128
 
     def sizes(ins, outs, attrs):
         m = _live_m(ins)
         return q4_params(m, attrs, tile), (groups(m, tile) * groups(n, tile) if runs(m, n) else 0)
 
-    return Dispatch(shader, shader, epi.args, epi.writes, sizes, epi.constants,
+    # the 128x128 module declares the partials (binding 7); unsplit, the output stands in
+    args = epi.args if tile == TILE else _pad7(epi.args, epi.writes[0])
+    return Dispatch(shader, shader, args, epi.writes, sizes, epi.constants,
                     label=shader + ("_f16" if f16 else "_f32"),
-                    prelude=PRELUDE[f16] + "\n" + epi.wgsl)
+                    prelude=_tile_prelude(tile, f16, 1, 0) + "\n" + epi.wgsl)
+
+
+def _pad7(args: tuple, operand) -> tuple:
+    """args with `operand` at binding 7 (absent bindings between stay dummies)."""
+    return tuple(args) + (None,) * (6 - len(args)) + (operand,)
+
+
+def _tile_prelude(tile: int, f16: bool, splits: int, chunk: int) -> str:
+    split = f"\nconst SPLITS: u32 = {splits}u;\nconst K_CHUNK: u32 = {chunk}u;"
+    return PRELUDE[f16] + (split if tile == TILE128 else "")
+
+
+def k_splits(k: int) -> int:
+    """Chunks of K_SPLIT that split K (1: unsplit)."""
+    return groups(k, K_SPLIT) if K_SPLIT and k > K_SPLIT else 1
+
+
+def partials_bytes(ins, n: int, info) -> int:
+    """Scratch of split K at the upper-bound M: splits x M x n_pad floats; 0 where K is not
+    split, M never reaches TILE128_MIN_M, the executor binds no scratch, or the partials
+    would outgrow one binding."""
+    splits, m = k_splits(int(ins[0][-1])), _live_m(ins)
+    nbytes = splits * m * groups(n, 4) * 16
+    limit = info.gpu.limits.get("max-storage-buffer-binding-size", 1 << 27)
+    fits = splits > 1 and m >= TILE128_MIN_M and info.scratch and nbytes <= limit
+    return nbytes if fits else 0
+
+
+def split_gemm(f16: bool, n: int, k: int, epi: Epilogue, operands: int, scratch: int) -> list:
+    """Split K's two dispatches, live at M >= TILE128_MIN_M: the 128x128 tile per (chunk,
+    tile) writing partials (scratch operand `operands`), then the ordered sum of the chunks
+    stored through the epilogue."""
+    splits = k_splits(k)
+    runs = lambda m: m >= TILE128_MIN_M   # noqa: E731
+
+    def gemm_sizes(ins, outs, attrs):
+        m = _live_m(ins)
+        count = groups(m, TILE128) * groups(n, TILE128) * splits
+        return q4_params(m, attrs, TILE128), count if runs(m) else 0
+
+    def reduce_sizes(ins, outs, attrs):
+        m = _live_m(ins)
+        return q4_params(m, attrs, TILE128), groups(m * groups(n, 4), 256) if runs(m) else 0
+
+    args, writes = _pad7(epi.args, operands), tuple(epi.writes) + (operands,)
+    extra = {"prelude": _tile_prelude(TILE128, f16, splits, K_SPLIT) + "\n" + epi.wgsl,
+             "scratch": (scratch,)}
+    tag = "_f16" if f16 else "_f32"
+    return [Dispatch(GEMM128, GEMM128, args, writes, gemm_sizes, epi.constants,
+                     label=f"{GEMM128}_splitk{tag}", **extra),
+            Dispatch(GEMM128, "q4gsw_splitk_reduce", args, writes, reduce_sizes, epi.constants,
+                     label="q4gsw_splitk_reduce", shared_params=True, **extra)]
 
 
 # ---- the GEMV -----------------------------------------------------------------------------------
@@ -241,9 +307,10 @@ def coop_gemv(subgroups: bool, n: int, epi: Epilogue, runs, config: GemvConfig,
                     prelude="\n".join([config.prelude(group_size), reduce, epi.wgsl]))
 
 
-def routed(attrs: dict, epi: Epilogue, info) -> list:
+def routed(ins, outs, attrs: dict, epi: Epilogue, info) -> list:
     """Every kernel one q4gsw op of N columns may run, each live only at the M it fits:
-    the GEMV at M == 1, else the 64x64 tile or, where it fits and pays, the 128x128 one."""
+    the GEMV at M == 1, else the 64x64 tile or, where it fits and pays, the 128x128 one; with
+    split K, the 64x64 tile below TILE128_MIN_M and the split 128x128 tile from it."""
     k, n, group_size = int(attrs["K"]), int(attrs["N"]), int(attrs["group_size"])
     f16 = TILES_F16 and bool(info.gpu.has_f16)
     subgroups = bool(info.gpu.has_subgroups)
@@ -251,14 +318,19 @@ def routed(attrs: dict, epi: Epilogue, info) -> list:
     gemv = coop_gemv(subgroups, n, epi, lambda m, n: m == 1, config, group_size)
     if not tile128_fits(info.gpu, f16):
         return [steel_gemm(TILE, f16, n, epi, lambda m, n: m > 1), gemv]
+    scratch = partials_bytes(ins, n, info)
+    if scratch:
+        small = steel_gemm(TILE, f16, n, epi, lambda m, n: 1 < m < TILE128_MIN_M)
+        return [small, *split_gemm(f16, n, k, epi, len(ins) + len(outs), scratch), gemv]
     small = steel_gemm(TILE, f16, n, epi, lambda m, n: m > 1 and not uses_tile128(m, n))
     return [small, steel_gemm(TILE128, f16, n, epi, uses_tile128), gemv]
 
 
-def routed_pairs(attrs: dict, epi: Epilogue, info) -> list:
+def routed_pairs(ins, outs, attrs: dict, epi: Epilogue, info) -> list:
     """The kernels of an op whose epilogue takes column pairs (2j, 2j + 1) from one thread:
     the GEMV at M == 1 and the 128x128 tile at any M > 1 (it fits WebGPU's default limits;
-    the 64x64 tile's threads hold columns 16 apart). Every tile gives the same bits."""
+    the 64x64 tile's threads hold columns 16 apart), split from TILE128_MIN_M where routed()
+    splits. Every tile gives the bits routed() gives at that M."""
     k, n, group_size = int(attrs["K"]), int(attrs["N"]), int(attrs["group_size"])
     f16 = TILES_F16 and bool(info.gpu.has_f16)
     if not tile128_fits(info.gpu, f16):
@@ -267,22 +339,26 @@ def routed_pairs(attrs: dict, epi: Epilogue, info) -> list:
                                f"{TILE128_THREADS} invocations), got limits {info.gpu.limits}")
     subgroups = bool(info.gpu.has_subgroups)
     config = gemv_config(k, n, info.gpu, subgroups)
-    return [steel_gemm(TILE128, f16, n, epi, lambda m, n: m > 1),
-            coop_gemv(subgroups, n, epi, lambda m, n: m == 1, config, group_size)]
+    gemv = coop_gemv(subgroups, n, epi, lambda m, n: m == 1, config, group_size)
+    scratch = partials_bytes(ins, n, info)
+    if scratch:
+        unsplit = steel_gemm(TILE128, f16, n, epi, lambda m, n: 1 < m < TILE128_MIN_M)
+        return [unsplit, *split_gemm(f16, n, k, epi, len(ins) + len(outs), scratch), gemv]
+    return [steel_gemm(TILE128, f16, n, epi, lambda m, n: m > 1), gemv]
 
 
 @register_wgsl("linear_q4gsw")
 def linear_q4gsw(ins, outs, attrs, info):
     has_bias = len(ins) > 3 and ins[3] is not None
     has_residual = len(ins) > 4 and ins[4] is not None
-    return routed(attrs, bias_epilogue(has_bias, has_residual), info)
+    return routed(ins, outs, attrs, bias_epilogue(has_bias, has_residual), info)
 
 
 @register_wgsl("linear_q4gsw_multi")
 def linear_q4gsw_multi(ins, outs, attrs, info):
-    return routed(attrs, split_epilogue(attrs["widths"]), info)
+    return routed(ins, outs, attrs, split_epilogue(attrs["widths"]), info)
 
 
 @register_wgsl("linear_q4gsw_swiglu")
 def linear_q4gsw_swiglu(ins, outs, attrs, info):
-    return routed_pairs(attrs, swiglu_epilogue(), info)
+    return routed_pairs(ins, outs, attrs, swiglu_epilogue(), info)

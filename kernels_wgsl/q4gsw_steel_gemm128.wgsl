@@ -21,9 +21,17 @@
 //
 // Each output is one f32 FMA chain over k = 0, 1, .., K-1 of x * w, as in the 64x64 tile
 // (q4gsw_steel_gemm.wgsl): the router's choice of tile changes no output bit.
-// steel_tile() is the whole K loop for one tile and returns the 8x8 block per thread; the
-// entry point only adds the stores, through the prelude's store_output() (one output and a
+// steel_tile() is the K loop over [k0, k1) for one tile and returns the 8x8 block per thread;
+// the entry point only adds the stores, through the prelude's store_output() (one output and a
 // bias, or the fused multi-output scatter).
+//
+// Split K (SPLITS > 1, from the prelude with K_CHUNK): a grid too small to fill the GPU (a
+// 2048-wide output at M = 512 is 64 tiles for 132 SMs) also splits K into chunks of K_CHUNK,
+// one workgroup per (chunk, tile). Each writes its raw block to `partials` [chunk][m][n_pad],
+// and q4gsw_splitk_reduce adds the chunks in order, p0 + p1 + .., and stores the sum through
+// the same epilogue. A chunk's sum is the same FMA chain over its k as the unsplit tile's, so
+// an output's bits depend on K and K_CHUNK, never on N or on which tile ran: kernels_wgsl/
+// q4gsw.py decides the split by K and M alone, which keeps a fused op's columns bit for bit.
 
 struct Q4Params {
     m: u32, n: u32, k: u32, group_size: u32,
@@ -34,6 +42,8 @@ struct Q4Params {
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> packed: array<u32>;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
+// [chunk][m][n_pad / 4] raw blocks of a split K (binding 7; SPLITS == 1 binds a dummy)
+@group(0) @binding(7) var<storage, read_write> partials: array<vec4<f32>>;
 
 const BM: u32 = 128u;
 const BN: u32 = 128u;
@@ -123,18 +133,19 @@ fn mac_stage(acc: Tile8x8, s: u32, tx: u32, ty: u32) -> Tile8x8 {
     return t;
 }
 
-// The K loop of the tile at (m0, n0). Call from uniform control flow (it has barriers).
-fn steel_tile(m0: u32, n0: u32, lid: u32) -> Tile8x8 {
+// The K loop over [k0, k1) of the tile at (m0, n0), both multiples of BK. Call from uniform
+// control flow (it has barriers).
+fn steel_tile(m0: u32, n0: u32, lid: u32, k0: u32, k1: u32) -> Tile8x8 {
     let tx = lid % 16u;
     let ty = lid / 16u;
     var acc = Tile8x8();
-    var scale = scale_load(n0, 0u, lid);
-    stage_store(0u, lid, x_load(m0, 0u, lid), word_load(n0, 0u, lid), scale);
+    var scale = scale_load(n0, k0, lid);
+    stage_store(0u, lid, x_load(m0, k0, lid), word_load(n0, k0, lid), scale);
     workgroupBarrier();
-    let steps = p.k / BK;
+    let steps = (k1 - k0) / BK;
     for (var t = 0u; t < steps; t = t + 1u) {
         let s = t % 2u;
-        let k_next = (t + 1u) * BK;
+        let k_next = k0 + (t + 1u) * BK;
         let more = t + 1u < steps;
         var xv = vec4<f32>(0.0);
         var word = 0u;
@@ -185,16 +196,72 @@ fn store_tile(t: Tile8x8, m0: u32, n0: u32, lid: u32) {
     store_row(r + 67u, n0, tx, t.r7a, t.r7b);
 }
 
+// the raw block of chunk c: rows past M are dropped, columns up to n_pad kept (the reduce
+// reads only those below N)
+fn store_partial_row(c: u32, m: u32, n0: u32, tx: u32, a: vec4<f32>, b: vec4<f32>) {
+    if (m < p.m) {
+        let row = ((c * p.m + m) * p.n_pad) / 4u;
+        if (n0 + 4u * tx < p.n_pad) {
+            partials[row + (n0 / 4u) + tx] = a;
+        }
+        if (n0 + 64u + 4u * tx < p.n_pad) {
+            partials[row + (n0 / 4u) + 16u + tx] = b;
+        }
+    }
+}
+
+fn store_partial(t: Tile8x8, c: u32, m0: u32, n0: u32, lid: u32) {
+    let tx = lid % 16u;
+    let r = m0 + 4u * (lid / 16u);
+    store_partial_row(c, r, n0, tx, t.r0a, t.r0b);
+    store_partial_row(c, r + 1u, n0, tx, t.r1a, t.r1b);
+    store_partial_row(c, r + 2u, n0, tx, t.r2a, t.r2b);
+    store_partial_row(c, r + 3u, n0, tx, t.r3a, t.r3b);
+    store_partial_row(c, r + 64u, n0, tx, t.r4a, t.r4b);
+    store_partial_row(c, r + 65u, n0, tx, t.r5a, t.r5b);
+    store_partial_row(c, r + 66u, n0, tx, t.r6a, t.r6b);
+    store_partial_row(c, r + 67u, n0, tx, t.r7a, t.r7b);
+}
+
+// workgroup = (chunk, row tile, column tile), the chunk slowest
 @compute @workgroup_size(256)
 fn q4gsw_steel_gemm128(@builtin(workgroup_id) wid: vec3<u32>,
                        @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32) {
     let wg = wg_linear(wid, nwg);
-    let tm = wg / p.tiles_n;
-    if (tm >= p.tiles_m) {
+    let tiles = p.tiles_m * p.tiles_n;
+    let c = wg / tiles;
+    if (c >= SPLITS) {
         return;   // uniform per workgroup: the barriers in steel_tile stay in uniform control flow
     }
+    let tm = (wg % tiles) / p.tiles_n;
     let m0 = tm * BM;
     let n0 = (wg % p.tiles_n) * BN;
-    store_tile(steel_tile(m0, n0, lid), m0, n0, lid);
+    if (SPLITS == 1u) {
+        store_tile(steel_tile(m0, n0, lid, 0u, p.k), m0, n0, lid);
+    } else {
+        let k0 = c * K_CHUNK;
+        store_partial(steel_tile(m0, n0, lid, k0, min(p.k, k0 + K_CHUNK)), c, m0, n0, lid);
+    }
+}
+
+// Split K's second pass: a thread per 4 columns n .. n + 3 of a row, each the chunks' sum in
+// chunk order, stored as two pairs like a tile's (store4).
+@compute @workgroup_size(256)
+fn q4gsw_splitk_reduce(@builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    let i = wg_linear(wid, nwg) * 256u + lid;
+    let quads = p.n_pad / 4u;
+    let m = i / quads;
+    if (m >= p.m) {
+        return;
+    }
+    let at = m * quads + i % quads;
+    let step = p.m * quads;
+    var v = partials[at];
+    for (var c = 1u; c < SPLITS; c = c + 1u) {
+        v = v + partials[c * step + at];
+    }
+    store4(m, 4u * (i % quads), v);
 }

@@ -140,6 +140,22 @@ def test_every_gemv_config_pairs_gate_and_up(monkeypatch, subgroups, config):
     assert _same_bits(fused, plain, _x(1, k), "webgpu") == [f"{wq.GEMV} [linear_q4gsw_swiglu]"]
 
 
+def test_split_k_keeps_the_unfused_bits(monkeypatch):
+    """K_SPLIT shrunk to 64 (K = 160: two chunks and a ragged 32): from TILE128_MIN_M the fused
+    op runs the split 128x128 tile and its reduce where the unfused gate/up pair does."""
+    monkeypatch.setattr(wq, "K_SPLIT", 64)
+    m_max = 2 * wq.TILE128_MIN_M + 1
+    fused = _lower(_model(), "webgpu", m_max=m_max)
+    plain = _lower(_model(), "webgpu", UNFUSED_SPEC, m_max=m_max)
+    split = [f"{e} [linear_q4gsw_swiglu]" for e in (wq.GEMM128, "q4gsw_splitk_reduce")]
+    for m in (3, wq.TILE128_MIN_M, m_max):
+        x = _x(m)
+        ran = _same_bits(fused, plain, x, "webgpu")
+        assert ran == (split if m >= wq.TILE128_MIN_M else [f"{wq.GEMM128} [linear_q4gsw_swiglu]"])
+        (got,), _ = _run(fused, "webgpu", [x])
+        torch.testing.assert_close(got.double(), _float64(_model(), x), **tol("q4gsw", "webgpu"))
+
+
 # ---- ExecuTorch's Llama --------------------------------------------------------------------------
 def _llama_int4_pm(device, passes_=None):
     """tests/test_llm_et.py's tiny Llama, int4 g32, tokens [1, T] (T dynamic) and input_pos."""

@@ -351,15 +351,15 @@ def test_gemv_schedule_changes_no_output_bit(monkeypatch, reduction, words, lane
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-def q4gsw_multi_graph(k: int, gs: int, widths):
+def q4gsw_multi_graph(k: int, gs: int, widths, m_max: int = 2):
     """One linear_q4gsw_multi node: x [m, K] -> one output per width."""
     g = Graph()
     n, m = sum(widths), SymExpr("m")
-    x = g.add_value(TensorValue(torch.float32, (m, k), (2, k)))
+    x = g.add_value(TensorValue(torch.float32, (m, k), (m_max, k)))
     packed = g.add_value(TensorValue(torch.int32, (n, k // 8), (n, k // 8), "packed"))
     n_pad = -(-n // 4) * 4
     scales = g.add_value(TensorValue(torch.float32, (k // gs, n_pad), (k // gs, n_pad), "scales"))
-    outs = [g.add_value(TensorValue(torch.float32, (m, w), (2, w))) for w in widths]
+    outs = [g.add_value(TensorValue(torch.float32, (m, w), (m_max, w))) for w in widths]
     g.nodes.append(Node("linear_q4gsw_multi", [x, packed, scales], outs,
                         {"group_size": gs, "K": k, "N": n, "widths": list(widths)}))
     g.inputs, g.outputs = [x], outs
@@ -427,3 +427,128 @@ def test_gemv_lanes_past_the_device_limit_fall_back_to_64():
 def test_gemv_config_rejects_what_the_kernel_cannot_build(bad):
     with pytest.raises(UnsupportedError, match="GEMV config"):
         wq.GemvConfig(**bad)
+
+
+# ---- split K (kernels_wgsl/q4gsw.py K_SPLIT) ------------------------------------------------
+# K_SPLIT is shrunk so that lavapipe-sized K split: K = 224 is 3 chunks of 64 and a ragged 32,
+# K = 256 four whole ones; chunks start inside a group where gs > 64.
+SPLIT = 64
+SPLIT_CONFIGS = [(67, 224, 32, True), (136, 256, 128, False), (8, 256, 64, True)]
+SPLIT_ENTRIES = [wq.GEMM128, "q4gsw_splitk_reduce"]
+
+
+def _split_entries(m: int) -> list:
+    return [wq.GEMV] if m == 1 else [wq.GEMM] if m < wq.TILE128_MIN_M else SPLIT_ENTRIES
+
+
+@pytest.mark.parametrize("n,k,gs,bias", SPLIT_CONFIGS)
+def test_split_k_matches_fp64_dequant_matmul_at_every_m(variant, monkeypatch, n, k, gs, bias):
+    monkeypatch.setattr(wq, "K_SPLIT", SPLIT)
+    qdata, scale, b, weights = weights_for(n, k, gs, bias, seed=n + k)
+    ex = WebGpuExecutor(q4gsw_graph(n, k, gs, bias), weights)
+    try:
+        for m in MS:
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+            got, ran = _run(ex, x)
+            assert ran == _split_entries(m), f"M={m}"
+            torch.testing.assert_close(got.double(), golden(x, qdata, scale, gs, b),
+                                       **_tol(variant), msg=lambda e: f"M={m}: {e}")
+    finally:
+        ex.destroy()
+
+
+def test_split_k_sums_the_chunks_in_order(f32_only_device, monkeypatch):
+    """A split output is the unsplit chain of each chunk, then the chunks added in order: the
+    same sums in float32 on the host, from single-chunk runs of each chunk's weights, match it
+    bit for bit (the scales of the other chunks' groups zeroed)."""
+    monkeypatch.setattr(wq, "K_SPLIT", SPLIT)
+    n, k, gs = 36, 224, 32
+    qdata, scale, _, weights = weights_for(n, k, gs, False, seed=9)
+    x = torch.randn(65, k, generator=torch.Generator().manual_seed(2))
+    ex = WebGpuExecutor(q4gsw_graph(n, k, gs, False), weights)
+    try:
+        got, ran = _run(ex, x)
+    finally:
+        ex.destroy()
+    assert ran == SPLIT_ENTRIES
+    monkeypatch.setattr(wq, "K_SPLIT", None)
+    total = None
+    for k0 in range(0, k, SPLIT):   # chunk c alone: x's other columns zeroed
+        xc = torch.zeros_like(x)
+        xc[:, k0:k0 + SPLIT] = x[:, k0:k0 + SPLIT]
+        part = _chunk_run(n, k, gs, weights, xc, k0)
+        total = part if total is None else total + part
+    assert torch.equal(got, total)
+
+
+def _chunk_run(n, k, gs, weights, x, k0) -> torch.Tensor:
+    """The unsplit 128x128 tile over x whose only nonzero columns start at k0: an FMA chain
+    that adds exact zeros before k0 gives the chunk's own chain (zero + p == p exactly; after
+    the chunk, + 0 * w leaves it unchanged)."""
+    ex = WebGpuExecutor(q4gsw_graph(n, k, gs, False), weights)
+    try:
+        got, ran = _run(ex, x)
+    finally:
+        ex.destroy()
+    assert ran == [wq.GEMM128] or ran == [wq.GEMM]
+    return got
+
+
+@pytest.mark.parametrize("n,k,gs,bias", [(67, 256, 64, True), (36, 224, 32, False)])
+def test_split_k_residual_epilogue_adds_r_after_the_bias(variant, monkeypatch, n, k, gs, bias):
+    monkeypatch.setattr(wq, "K_SPLIT", SPLIT)
+    _, _, _, weights = weights_for(n, k, gs, bias, seed=n)
+    plain = WebGpuExecutor(q4gsw_graph(n, k, gs, bias), weights)
+    fused = WebGpuExecutor(q4gsw_graph(n, k, gs, bias, residual=True), weights)
+    try:
+        for m in (64, 129):
+            x, r = torch.randn(m, k), torch.randn(m, n)
+            outs, times, _ = fused.execute_profiled([x, r])
+            assert [label.split(" ")[0] for label, _ in times] == SPLIT_ENTRIES
+            assert torch.equal(outs[0], plain.execute([x])[0] + r), f"M={m}"
+    finally:
+        plain.destroy()
+        fused.destroy()
+
+
+@pytest.mark.parametrize("widths", [(29, 11, 13), (96, 32, 32), (40, 8)])
+def test_split_k_fused_multi_keeps_each_linears_bits(variant, monkeypatch, widths):
+    """Split K is decided by K and M alone: the fused N splits where each unfused N does."""
+    monkeypatch.setattr(wq, "K_SPLIT", SPLIT)
+    k, gs = 224, 32
+    parts = [random_q4(w, k, gs, seed=i) for i, w in enumerate(widths)]
+    packed, scales = pack_q4gsw(torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]),
+                                gs)
+    fused = WebGpuExecutor(q4gsw_multi_graph(k, gs, widths, m_max=M_MAX),
+                           {"packed": packed, "scales": scales})
+    plains = [WebGpuExecutor(q4gsw_graph(len(q), k, gs, False), dict(zip(
+        ("packed", "scales"), pack_q4gsw(q, s, gs)))) for q, s in parts]
+    try:
+        for m in (2, 63, 64, 257):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+            outs, times, _ = fused.execute_profiled([x])
+            assert [label.split(" ")[0] for label, _ in times] == _split_entries(m)
+            for got, plain in zip(outs, plains):
+                assert torch.equal(got, plain.execute([x])[0]), f"M={m}"
+    finally:
+        for ex in [fused, *plains]:
+            ex.destroy()
+
+
+def test_split_k_only_where_the_partials_fit_and_m_reaches_the_tile(monkeypatch):
+    gpu = kernels_wgsl.device.get_device()
+    attrs = {"group_size": 32, "K": 8192, "N": 2048}
+    shapes = [(512, 8192), (2048, 1024), (256, 2048), None]
+    entries = lambda info: {d.entry for d in wq.linear_q4gsw(shapes, [(512, 2048)], attrs,  # noqa
+                                                             info)}
+    info = BuildInfo(gpu, (torch.float32, torch.int32, torch.float32, None), scratch=True)
+    split = next(d for d in wq.linear_q4gsw(shapes, [(512, 2048)], attrs, info)
+                 if d.entry == "q4gsw_splitk_reduce")
+    assert split.scratch == (wq.k_splits(8192) * 512 * 2048 * 4,)
+    assert "q4gsw_splitk_reduce" not in entries(BuildInfo(gpu, info.in_dtypes))   # no scratch
+    small = SimpleNamespace(has_f16=False, has_subgroups=False,
+                            limits={**gpu.limits, "max-storage-buffer-binding-size": 1 << 20})
+    assert "q4gsw_splitk_reduce" not in entries(BuildInfo(small, info.in_dtypes, scratch=True))
+    decode_only = [(wq.TILE128_MIN_M - 1, 8192)] + shapes[1:]
+    assert not any(d.entry == "q4gsw_splitk_reduce" for d in
+                   wq.linear_q4gsw(decode_only, [(63, 2048)], attrs, info))
