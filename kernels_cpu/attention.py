@@ -9,14 +9,17 @@ Without a bias the `group` query heads that share a kv head form one tile of gro
 bias is a float attn_mask as given (broadcast view), or an additive 0 / -inf matrix built once
 per call at the front of the scratch arena from a bool mask or from is_causal (torch's
 top-left aligned tril: query i sees keys j <= i).
-q_dims / out_dims: q is input 0 permuted, the output is stored permuted. q is read through
-the view; a tile whose output rows are not contiguous there is formed in the tile's staging
-rows and copied, since mm into strided rows rounds differently from mm into contiguous ones
-(and MKL's by the 16-byte alignment of its output, which the staging rows copy: the results
-are the plain layout's bit for bit).
+q_dims / k_dims / v_dims / out_dims: q, k and v are inputs 0, 1 and 2 permuted, the output
+is stored permuted. q is read through the view; a tile whose output rows are not contiguous
+there is formed in the tile's staging rows and copied, since mm into strided rows rounds
+differently from mm into contiguous ones (and MKL's by the 16-byte alignment of its output,
+which the staging rows copy: the results are the plain layout's bit for bit). A permuted k or
+v head is copied into staging rows the same way before its mm: MKL's mm over a strided view
+rounds differently from over the contiguous copy (a [S, 1] v, or E = 128 at S = 257).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -29,20 +32,23 @@ _F32 = 4
 _STAGE_PHASES = 4   # floats per 16 bytes: the alignments a staged output tile may take
 # Below this many multiply-adds the whole call runs on one worker.
 PARALLEL_MACS = 1 << 18
+_READ_DIMS = ("q_dims", "k_dims", "v_dims")   # the op's layouts of inputs 0, 1 and 2
 
 
 def _align(n: int) -> int:
     return (n + 63) // 64 * 64
 
 
-def _query_shape(in_shapes, attrs) -> tuple:
-    """q [B, Hq, L, E] as the kernel reads it: input 0 through q_dims."""
-    return tuple(in_shapes[0][i] for i in attrs.get("q_dims") or range(len(in_shapes[0])))
+def _read_shapes(in_shapes, attrs) -> tuple:
+    """q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] as the kernel reads them: inputs
+    0, 1 and 2 through q_dims, k_dims and v_dims."""
+    return tuple(tuple(s[i] for i in attrs.get(key) or range(len(s)))
+                 for s, key in zip(in_shapes, _READ_DIMS))
 
 
 def _shared_bias_shape(in_shapes, attrs):
     """Shape of the additive bias built in scratch, or None when none is needed."""
-    q, k = _query_shape(in_shapes, attrs), in_shapes[1]
+    q, k, _ = _read_shapes(in_shapes, attrs)
     mask = in_shapes[3] if len(in_shapes) > 3 else None
     if attrs.get("is_causal"):
         return (q[2], k[2])
@@ -51,20 +57,29 @@ def _shared_bias_shape(in_shapes, attrs):
     return None
 
 
-def _tile_bytes(q, k, v, staged: bool) -> int:
-    """Scores and probs of the largest tile (all query heads of one kv head), and its staged
-    output rows when the output is permuted."""
+def _staging(n: int) -> int:
+    """Bytes of staging rows for n floats at any of the 16-byte phases."""
+    return _align(n * _F32 + _STAGE_PHASES * _F32)
+
+
+def _tile_layout(q, k, v, attrs) -> tuple:
+    """(byte offsets of scores, probs, staged output rows, staged k head, staged v head; the
+    bytes of it all) in a worker's slice, for the largest tile (all query heads of one kv
+    head). A staging region is empty where that operand is not permuted."""
     rows = q[2] * max(1, q[1] // max(k[1], 1))
-    stage = _align(rows * v[3] * _F32 + _STAGE_PHASES * _F32) if staged else 0
-    return _align(rows * k[2] * _F32) * 2 + stage
+    sizes = (_align(rows * k[2] * _F32), _align(rows * k[2] * _F32),
+             _staging(rows * v[3]) if attrs.get("out_dims") else 0,
+             _staging(k[2] * k[3]) if attrs.get("k_dims") else 0,
+             _staging(v[2] * v[3]) if attrs.get("v_dims") else 0)
+    *offsets, total = itertools.accumulate(sizes, initial=0)
+    return offsets, total
 
 
 def sdpa_scratch_nbytes(in_shapes, attrs, num_workers: int) -> int:
     # the mask dtype is unknown here: reserve room for a bool mask's bias in any case
     bias = _shared_bias_shape(in_shapes, attrs)
     shared = 0 if bias is None else _align(math.prod(bias) * _F32)
-    q, k, v = _query_shape(in_shapes, attrs), in_shapes[1], in_shapes[2]
-    return shared + num_workers * _tile_bytes(q, k, v, bool(attrs.get("out_dims")))
+    return shared + num_workers * _tile_layout(*_read_shapes(in_shapes, attrs), attrs)[1]
 
 
 def _bias(mask, attrs, L: int, S: int, scratch):
@@ -85,10 +100,10 @@ def _bias(mask, attrs, L: int, S: int, scratch):
 
 @register_kernel("sdpa", scratch_nbytes=sdpa_scratch_nbytes)
 def sdpa(ins, outs, attrs, scratch):
-    q, k, v = ins[0], ins[1], ins[2]
-    if attrs.get("q_dims"):
-        q = q.permute(*attrs["q_dims"])
+    q, k, v = (x.permute(*attrs[key]) if attrs.get(key) else x
+               for x, key in zip(ins, _READ_DIMS))
     mask = ins[3] if len(ins) > 3 else None
+    stored_keys = k.shape[2]   # a head's rows in a contiguous k or v (a staged head's phase)
     if attrs.get("kv_len") is not None:   # only a cache's filled rows are keys
         n = attrs["kv_len"]
         k, v = k[:, :, :n], v[:, :, :n]
@@ -108,30 +123,52 @@ def sdpa(ins, outs, attrs, scratch):
     pool = get_pool()
     tiles = B * heads
     workers = pool.num_threads if B * Hq * L * S * (E + v.shape[3]) >= PARALLEL_MACS else 1
-    staged = bool(attrs.get("out_dims"))
-    per = _tile_bytes(q.shape, k.shape, v.shape, staged)
+    (at_scores, at_probs, at_out, at_k, at_v), per = _tile_layout(q.shape, k.shape, v.shape,
+                                                                   attrs)
     slices = worker_slices(scratch[used:], pool.num_threads, per)
-    half = _align(rows * S * _F32)
 
     def work(w, t0, t1):
-        scores = typed(slices[w], torch.float32, (rows, S))
-        probs = typed(slices[w][half:], torch.float32, (rows, S))
+        scores = typed(slices[w][at_scores:], torch.float32, (rows, S))
+        probs = typed(slices[w][at_probs:], torch.float32, (rows, S))
+        held = None   # the (batch, kv head) of kh and vh: a worker's tiles run in order
         for t in range(t0, t1):
             b, h = divmod(t, heads)
+            hk = h if grouped else h // group
+            if held != (b, hk):
+                first = (b * Hkv + hk) * stored_keys
+                kh = _head(k, b, hk, attrs.get("k_dims"), slices[w][at_k:], first * E)
+                vh = _head(v, b, hk, attrs.get("v_dims"), slices[w][at_v:],
+                           first * v.shape[3])
+                held = (b, hk)
             if grouped:   # query heads h*group .. h*group+group-1 all read kv head h
                 # (a copy of q's rows where q is permuted and L > 1)
-                hk, h0, qs = h, h * group, q[b, h * group:(h + 1) * group].reshape(rows, E)
+                h0, qs = h * group, q[b, h * group:(h + 1) * group].reshape(rows, E)
                 dst = out[b, h * group:(h + 1) * group]
-                torch.mm(qs, k[b, hk].t(), out=scores).mul_(scale)
+                torch.mm(qs, kh.t(), out=scores).mul_(scale)
             else:
-                hk, h0, dst = h // group, h, out[b, h]
-                torch.addmm(bias4[b, h], q[b, h], k[b, hk].t(), alpha=scale, out=scores)
+                h0, dst = h, out[b, h]
+                torch.addmm(bias4[b, h], q[b, h], kh.t(), alpha=scale, out=scores)
             aten._softmax.out(scores, 1, False, out=probs)
             if masked:
                 probs.nan_to_num_(nan=0.0)   # softmax of an all -inf row is nan; torch gives 0
-            _form_rows(probs, v[b, hk], dst, slices[w][2 * half:], (b * Hq + h0) * L * v.shape[3])
+            _form_rows(probs, vh, dst, slices[w][at_out:], (b * Hq + h0) * L * v.shape[3])
 
     pool.parallel_for(tiles, work, min_chunk=max(1, tiles // workers))
+
+
+def _phased(region, first: int, shape) -> torch.Tensor:
+    """Contiguous float rows in a staging region, at the 16-byte phase that element `first`
+    of a contiguous tensor has."""
+    return typed(region[first % _STAGE_PHASES * _F32:], torch.float32, tuple(shape))
+
+
+def _head(x, b: int, hk: int, dims, region, first: int) -> torch.Tensor:
+    """Head hk of batch b of k or v, [S, E]: the view itself, or where x is read through a
+    permute (dims) its copy in the staging region, as the contiguous operand would hold it
+    (its first element is index `first` there)."""
+    if not dims:
+        return x[b, hk]
+    return _phased(region, first, x.shape[2:]).copy_(x[b, hk])
 
 
 def _form_rows(probs, vh, dst, region, first: int) -> None:
@@ -141,8 +178,7 @@ def _form_rows(probs, vh, dst, region, first: int) -> None:
     if dst.is_contiguous():
         torch.mm(probs, vh, out=dst.view(probs.shape[0], -1))
         return
-    at = first % _STAGE_PHASES * _F32
-    stage = typed(region[at:], torch.float32, (probs.shape[0], vh.shape[1]))
+    stage = _phased(region, first, (probs.shape[0], vh.shape[1]))
     dst.copy_(torch.mm(probs, vh, out=stage).view(dst.shape))
 
 

@@ -11,9 +11,9 @@ of the keys), one key per thread, so a short query keeps every lane busy; with s
 each writes an (m, l, acc) partial to scratch and `combine` merges them. Without executor
 scratch support decode takes one split. Which of the two runs is decided per execute by the
 live L; a graph whose L bound is at most DECODE_L builds only the decode kernel.
-q_dims / out_dims (q read through a permutation, the output written through one, the head dim
-last in both): every entry finds a row of q and of the output by its (b, h, l) element
-strides in the params, so the rows stay contiguous and vec4 loads stay.
+q_dims / k_dims / v_dims / out_dims (q, k and v read through a permutation, the output written
+through one, the head dim last in each): every entry finds a row of q, k, v and of the output
+by its element strides in the params, so the rows stay contiguous and vec4 loads stay.
 """
 from __future__ import annotations
 
@@ -119,19 +119,18 @@ def prefill_tile(e: int, ev: int, storage_bytes: int) -> PrefillTile | None:
 
 
 def loaders(e: int, ev: int) -> str:
-    """WGSL: qkv_t and load_q/k/v(row, vec4 index), zeros past the head dims. vec4 loads
-    where both head dims are multiples of 4 (one unconditional load the compiler can issue
-    ahead), else 4 guarded f32 loads. A q row is found by its strides (row_at), k and v rows
-    are contiguous."""
+    """WGSL: qkv_t, load_q(row, vec4 index) and load_k/v(a row's first element, vec4 index),
+    zeros past the head dims. vec4 loads where both head dims are multiples of 4 (one
+    unconditional load the compiler can issue ahead), else 4 guarded f32 loads. A q row is
+    found by its strides (row_at), a k or v row by the caller (its strides in the params)."""
     vec = e % 4 == 0 and ev % 4 == 0
     out = [f"alias qkv_t = {'vec4<f32>' if vec else 'f32'};"]
     for name, dim, d4 in (("q", "e", "DE4"), ("k", "e", "DE4"), ("v", "ev", "DV4")):
-        # the row's first element, in elements and in vec4s; q's strides are multiples of 4
-        # wherever e is, since the head dim stays last
-        at = "row_at(row, p.q_strides)" if name == "q" else f"row * p.{dim}"
-        at4 = f"{at} / 4u" if name == "q" else f"row * {d4}"
+        # the row's first element; a multiple of 4 wherever the head dims are, since each
+        # operand's head dim stays last (its strides are multiples of it)
+        row, at = ("row", "row_at(row, p.q_strides)") if name == "q" else ("first", "first")
         if vec:
-            body = (f"let at = {at4}; "
+            body = (f"let at = {at} / 4u; "
                     f"return select(vec4<f32>(0.0), {name}[at + c4], c4 < {d4});")
         else:
             body = (f"let at = {at}; "
@@ -139,7 +138,7 @@ def loaders(e: int, ev: int) -> str:
                     f"let c = c4 * 4u + i; "
                     f"if (c < p.{dim}) {{ r[i] = {name}[at + c]; }} }} "
                     f"return r;")
-        out.append(f"fn load_{name}(row: u32, c4: u32) -> vec4<f32> {{ {body} }}")
+        out.append(f"fn load_{name}({row}: u32, c4: u32) -> vec4<f32> {{ {body} }}")
     return "\n".join(out)
 
 
@@ -171,15 +170,24 @@ def key_splits(l: int, s: int, split: bool, bc: int = DECODE_CHUNK) -> tuple:
     return groups(s, per), per
 
 
-def query_shape(q, attrs) -> tuple:
-    """q [B, Hq, L, E] as the kernel reads it: input 0 through q_dims."""
-    return tuple(q[i] for i in attrs.get("q_dims") or range(len(q)))
+READ_DIMS = ("q_dims", "k_dims", "v_dims")   # the op's layouts of inputs 0, 1 and 2
 
 
-def q_strides(stored, attrs) -> list:
-    """Element strides of q's (b, h, l, e) in input 0: q = input.permute(q_dims)."""
-    own = contiguous_strides(stored)
-    return [own[i] for i in attrs.get("q_dims") or range(len(stored))]
+def read_shapes(ins, attrs) -> tuple:
+    """q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] as the kernel reads them: inputs
+    0, 1 and 2 through q_dims, k_dims and v_dims."""
+    return tuple(tuple(s[i] for i in attrs.get(key) or range(len(s)))
+                 for s, key in zip(ins, READ_DIMS))
+
+
+def read_strides(ins, attrs) -> list:
+    """Element strides of q's (b, h, l, e), k's and v's (b, h, s, e) in inputs 0, 1 and 2
+    (q = input.permute(q_dims), ...), flattened in that order."""
+    strides = []
+    for stored, key in zip(ins, READ_DIMS):
+        own = contiguous_strides(stored)
+        strides += [own[i] for i in attrs.get(key) or range(len(stored))]
+    return strides
 
 
 def out_strides(stored, attrs) -> list:
@@ -192,7 +200,8 @@ def out_strides(stored, attrs) -> list:
 
 
 def partials_bytes(ins, split: bool) -> int:
-    """Scratch for the decode partials at the upper-bound shapes (0 when not split)."""
+    """Scratch for the decode partials at the upper-bound shapes, q, k and v as read (0 when
+    not split)."""
     (b, hq, l, _), (_, _, s, ev) = ins[0], ins[2]
     splits, _ = key_splits(min(l, DECODE_L), s, split)
     if splits == 1:
@@ -202,7 +211,7 @@ def partials_bytes(ins, split: bool) -> int:
 
 @register_wgsl("sdpa")
 def sdpa(ins, outs, attrs, info):
-    q, v, mask = query_shape(ins[0], attrs), ins[2], ins[3] if len(ins) > 3 else None
+    (q, k, v), mask = read_shapes(ins, attrs), ins[3] if len(ins) > 3 else None
     if q[3] > MAX_HEAD or v[3] > MAX_HEAD:
         raise UnsupportedError(f"sdpa head dims on WebGPU: expected at most {MAX_HEAD}, "
                                f"got E={q[3]}, Ev={v[3]}")
@@ -210,13 +219,13 @@ def sdpa(ins, outs, attrs, info):
     tile = flash_tile(q[3], v[3], storage)
     dtile = DecodeTile(groups(q[3], 4), groups(v[3], 4))
     ptile = prefill_tile(q[3], v[3], storage)
-    scratch = partials_bytes([q, *ins[1:]], info.scratch)
+    scratch = partials_bytes([q, k, v, *ins[3:]], info.scratch)
     split = scratch > 0
     mask_kind = 0 if mask is None else (1 if info.in_dtypes[3] == torch.bool else 2)
 
     def params(ins, outs, attrs):
         """(params, workgroups, splits) of the kernel the live L picks."""
-        (b, hq, l, e), (_, hkv, s, ev) = query_shape(ins[0], attrs), ins[2]
+        (b, hq, l, e), _, (_, hkv, s, ev) = read_shapes(ins, attrs)
         scale = attrs.get("scale")
         scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
         mstrides = broadcast_strides(ins[3], (b, hq, l, s)) if mask is not None else [0] * 4
@@ -226,18 +235,18 @@ def sdpa(ins, outs, attrs, info):
         tiles = groups(n_rep * l, dtile.rb if l <= DECODE_L else (ptile or tile).br)
         packed = words(b, hq, hkv, l, s, e, ev, n_rep, scale, tiles, splits, per,
                        keys, attrs.get("causal_offset", 0), 0, 0, mstrides,
-                       q_strides(ins[0], attrs), out_strides(outs[0], attrs))
+                       read_strides(ins, attrs), out_strides(outs[0], attrs))
         return packed, b * hkv * tiles * splits if ev else 0, splits
 
     def sizes_when(decode: bool):
         def sizes(ins, outs, attrs):
             packed, count, _ = params(ins, outs, attrs)
-            return packed, count if (query_shape(ins[0], attrs)[2] <= DECODE_L) == decode else 0
+            return packed, count if (read_shapes(ins, attrs)[0][2] <= DECODE_L) == decode else 0
         return sizes
 
     def combine_sizes(ins, outs, attrs):
         packed, _, splits = params(ins, outs, attrs)
-        (b, hq, l, _), ev = query_shape(ins[0], attrs), ins[2][3]
+        (b, hq, l, _), ev = read_shapes(ins, attrs)[0], ins[2][3]
         return packed, b * hq * l if splits > 1 and ev else 0
 
     m_arg = 3 if mask is not None else None

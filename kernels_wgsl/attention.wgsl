@@ -11,15 +11,16 @@
 // bias: MASK 0 none, 1 bool (false -> -inf), 2 float (added). CAUSAL keeps keys
 // s <= l + causal_offset (torch's top-left tril at offset 0; a KV cache's rows at its write
 // position otherwise); a key tile wholly above a workgroup's last row is never loaded. Only
-// the first kv_len keys exist (the filled part of a cache); s is the keys' row stride.
+// the first kv_len keys exist (the filled part of a cache).
 // Splits (flash-decoding): with p.splits > 1 the key range is cut into p.split_len slices, one
 // workgroup each, which write (m, l, acc) rows to `partials`; `combine` merges them.
 // NaN/Inf follow torch's eager CPU SDPA: a NaN or +inf score (NaN q/k, +inf mask) makes its
 // row NaN; a NaN v_j reaches every row whose tile holds key j (p_j * NaN, even for p_j = 0);
 // a fully masked row gives 0.
 // Rows are numbered orow = (b * hq + h) * l + li throughout (the partials' order); q and out
-// find a row's first element by their (b, h, l) strides (row_at): contiguous, or read / written
-// through the op's q_dims / out_dims, the head dim contiguous either way.
+// find a row's first element by their (b, h, l) strides (row_at), k and v a key's by their
+// (b, h, s) strides (kv_first, then s * st.z): contiguous, or read / written through the op's
+// q_dims / k_dims / v_dims / out_dims, the head dim contiguous either way.
 // The prelude (attention.py) defines the tile: G, VEC, BR, BC and PARTIAL (1 when G == 1).
 
 override MASK: u32 = 0u;
@@ -32,12 +33,15 @@ struct SdpaParams {
     kv_len: u32, causal_offset: u32, pad0: u32, pad1: u32,
     mask_strides: vec4<u32>,   // (b, h, l, s) element strides of the mask broadcast to scores
     q_strides: vec4<u32>,      // (b, h, l, e) element strides of q in its buffer
+    k_strides: vec4<u32>,      // (b, h, s, e) element strides of k in its buffer
+    v_strides: vec4<u32>,      // (b, h, s, e) element strides of v in its buffer
     out_strides: vec4<u32>,    // (b, h, l, e) element strides of the output in its buffer
 }
 
 @group(0) @binding(0) var<uniform> p: SdpaParams;
 // q, k and v are vec4 arrays when both head dims are multiples of 4, else f32 arrays: the
-// prelude's qkv_t, and its load_q/k/v(row, vec4 index) reading zeros past the head dims
+// prelude's qkv_t, and its load_q(row) / load_k/v(first element of a row), each with a vec4
+// index, reading zeros past the head dims
 @group(0) @binding(1) var<storage, read> q: array<qkv_t>;
 @group(0) @binding(2) var<storage, read> k: array<qkv_t>;
 @group(0) @binding(3) var<storage, read> v: array<qkv_t>;
@@ -60,6 +64,11 @@ var<workgroup> partial: array<f32, PARTIAL>;   // [key][thread] partial dot prod
 fn row_at(orow: u32, st: vec4<u32>) -> u32 {
     let bh = orow / p.l;
     return (bh / p.hq) * st.x + (bh % p.hq) * st.y + (orow % p.l) * st.z;
+}
+
+// The first element of work item w's (batch, kv head) in a k or v with (b, h, s) strides st.
+fn kv_first(st: vec4<u32>, w: Work) -> u32 {
+    return w.b * st.x + w.hk * st.y;
 }
 
 // Scaled, biased score; -inf for a bool-masked key (so a NaN score stays NaN, as in torch).
@@ -122,7 +131,8 @@ fn flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if (CAUSAL) {
         k_end = min(k_end, (min(rows, w.tile * BR + BR) - 1u) / p.n_rep + 1u + p.causal_offset);
     }
-    let kv_row0 = (w.b * p.hkv + w.hk) * p.s;
+    let kb = kv_first(p.k_strides, w);
+    let vb = kv_first(p.v_strides, w);
     var m = EXCLUDED;
     var total = 0.0;
     var bad = false;   // a NaN or +inf score: the row is NaN
@@ -134,8 +144,8 @@ fn flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             var kk = vec4<f32>(0.0);
             var vv = vec4<f32>(0.0);
             if (sj < k_end) {
-                kk = load_k(kv_row0 + sj, idx % DV);
-                vv = load_v(kv_row0 + sj, idx % DV);
+                kk = load_k(kb + sj * p.k_strides.z, idx % DV);
+                vv = load_v(vb + sj * p.v_strides.z, idx % DV);
             }
             k_tile[idx] = kk;
             v_tile[idx] = vv;
@@ -300,7 +310,8 @@ fn prefill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (CAUSAL) {
         k_end = min(k_end, (min(rows, row0 + P_BR) - 1u) / p.n_rep + 1u + p.causal_offset);
     }
-    let kv_row0 = (w.b * p.hkv + w.hk) * p.s;
+    let kb = kv_first(p.k_strides, w);
+    let vb = kv_first(p.v_strides, w);
     let rq = t % RG;
     let ks = t / RG;
     // the 4 rows' (position, query head), clamped to real rows like their q
@@ -312,17 +323,17 @@ fn prefill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     var acc = Acc();
     // a thread's first four loads of each stage are issued a phase ahead (K of the next tile
     // during this tile's values, V during its scores), so their latency hides behind FMAs
-    var k_ahead = fetch4(t, 0u, k_end, kv_row0, false);
+    var k_ahead = fetch4(t, 0u, k_end, kb, false);
     for (var s0 = 0u; s0 < k_end; s0 = s0 + P_BC) {
         workgroupBarrier();   // the previous tile's p and V readers are done
-        stage_rows(t, s0, k_end, kv_row0, false, k_ahead);
-        let v_ahead = fetch4(t, s0, k_end, kv_row0, true);
+        stage_rows(t, s0, k_end, kb, false, k_ahead);
+        let v_ahead = fetch4(t, s0, k_end, vb, true);
         workgroupBarrier();
         let sc = prefill_scores(w.b, rq, ks, s0, k_end, hh, li);
         p_red[ks * RG + rq] = max(max(sc.r0, sc.r1), max(sc.r2, sc.r3));
         workgroupBarrier();
-        stage_rows(t, s0, k_end, kv_row0, true, v_ahead);
-        k_ahead = fetch4(t, s0 + P_BC, k_end, kv_row0, false);
+        stage_rows(t, s0, k_end, vb, true, v_ahead);
+        k_ahead = fetch4(t, s0 + P_BC, k_end, kb, false);
         var m_new = m;
         for (var g = 0u; g < NKS; g = g + 1u) {
             m_new = max(m_new, p_red[g * RG + rq]);
@@ -354,26 +365,26 @@ fn store_qt(c: u32, j: u32, x: vec4<f32>) {
     p_q[at + 3u * RG][j % 4u] = x.w;
 }
 
-// Key rows [s0, s0 + P_BC) of K (transposed) or of V into p_kv, zeros past k_end; `first`
-// holds this thread's first round (fetch4 at t), fetched ahead. Each round's four loads are
-// issued before any store: a load waits about a microsecond on the H200, and a loop of
-// load-then-store waited for each in turn.
-fn stage_rows(t: u32, s0: u32, k_end: u32, kv_row0: u32, is_v: bool, first: Quad) {
+// Key rows [s0, s0 + P_BC) of K (transposed) or of V into p_kv, zeros past k_end; `base` is
+// kv_first of k (of v when is_v), `first` this thread's first round (fetch4 at t), fetched
+// ahead. Each round's four loads are issued before any store: a load waits about a
+// microsecond on the H200, and a loop of load-then-store waited for each in turn.
+fn stage_rows(t: u32, s0: u32, k_end: u32, base: u32, is_v: bool, first: Quad) {
     let n = P_BC * select(DE4, DV4, is_v);
     put4(t, n, is_v, first);
     for (var i = t + 4u * P_T; i < n; i = i + 4u * P_T) {
-        put4(i, n, is_v, fetch4(i, s0, k_end, kv_row0, is_v));
+        put4(i, n, is_v, fetch4(i, s0, k_end, base, is_v));
     }
 }
 
 // Staged elements i, i + P_T, i + 2 P_T and i + 3 P_T of the tile at s0 (those past the
 // stage repeat its last element, and put4 drops them).
-fn fetch4(i: u32, s0: u32, k_end: u32, kv_row0: u32, is_v: bool) -> Quad {
+fn fetch4(i: u32, s0: u32, k_end: u32, base: u32, is_v: bool) -> Quad {
     let last = P_BC * select(DE4, DV4, is_v) - 1u;
-    return Quad(kv_elem(min(i, last), s0, k_end, kv_row0, is_v),
-                kv_elem(min(i + P_T, last), s0, k_end, kv_row0, is_v),
-                kv_elem(min(i + 2u * P_T, last), s0, k_end, kv_row0, is_v),
-                kv_elem(min(i + 3u * P_T, last), s0, k_end, kv_row0, is_v));
+    return Quad(kv_elem(min(i, last), s0, k_end, base, is_v),
+                kv_elem(min(i + P_T, last), s0, k_end, base, is_v),
+                kv_elem(min(i + 2u * P_T, last), s0, k_end, base, is_v),
+                kv_elem(min(i + 3u * P_T, last), s0, k_end, base, is_v));
 }
 
 fn put4(i: u32, n: u32, is_v: bool, x: Quad) {
@@ -394,15 +405,15 @@ fn kv_slot(i: u32, is_v: bool) -> vec2<u32> {
 
 // Element i of the staged rows (a clamped real row's load, dropped past k_end: a cache's
 // unwritten rows never reach the sums).
-fn kv_elem(i: u32, s0: u32, k_end: u32, kv_row0: u32, is_v: bool) -> vec4<f32> {
+fn kv_elem(i: u32, s0: u32, k_end: u32, base: u32, is_v: bool) -> vec4<f32> {
     let at = kv_slot(i, is_v);
     let sj = s0 + at.x;
-    let row = kv_row0 + min(sj, k_end - 1u);
+    let first = base + min(sj, k_end - 1u) * select(p.k_strides.z, p.v_strides.z, is_v);
     var x: vec4<f32>;
     if (is_v) {
-        x = load_v(row, at.y);
+        x = load_v(first, at.y);
     } else {
-        x = load_k(row, at.y);
+        x = load_k(first, at.y);
     }
     return select(vec4<f32>(0.0), x, sj < k_end);
 }
@@ -592,7 +603,8 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (CAUSAL) {
         k_end = min(k_end, li.w + 1u + p.causal_offset);
     }
-    let kv_row0 = (w.b * p.hkv + w.hk) * p.s;
+    let kb = kv_first(p.k_strides, w);
+    let vb = kv_first(p.v_strides, w);
     let c = t % CW;
     let kg = t / CW;
     var m = vec4<f32>(EXCLUDED);
@@ -600,7 +612,7 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     var acc = Quad();
     for (var s0 = k_begin; s0 < k_end; s0 = s0 + CHUNK) {
         workgroupBarrier();   // q staged; the previous chunk's p readers are done
-        decode_scores(s0 + t, t, k_end, kv_row0, w.b, hh, li);
+        decode_scores(s0 + t, t, k_end, kb, w.b, hh, li);
         workgroupBarrier();
         for (var half = CHUNK / 2u; half > 0u; half = half / 2u) {
             if (t < half) {
@@ -620,10 +632,10 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             for (var jj = 0u; jj < KPG; jj = jj + 4u) {
                 let j = s0 + kg * KPG + jj;   // keys j .. j+3 of this group, loads in flight
                 let last = min(s0 + kg * KPG + KPG, k_end);
-                let v0 = decode_v(kv_row0, j, last, c);
-                let v1 = decode_v(kv_row0, j + 1u, last, c);
-                let v2 = decode_v(kv_row0, j + 2u, last, c);
-                let v3 = decode_v(kv_row0, j + 3u, last, c);
+                let v0 = decode_v(vb, j, last, c);
+                let v1 = decode_v(vb, j + 1u, last, c);
+                let v2 = decode_v(vb, j + 2u, last, c);
+                let v3 = decode_v(vb, j + 3u, last, c);
                 acc = decode_pv(acc, &total, j, last, v0);
                 acc = decode_pv(acc, &total, j + 1u, last, v1);
                 acc = decode_pv(acc, &total, j + 2u, last, v2);
@@ -642,21 +654,23 @@ fn row_dots(c: u32, kk: vec4<f32>) -> vec4<f32> {
     return select(vec4<f32>(0.0), d, c < DE4);
 }
 
-// Key sj's (thread t's) scores against the 4 staged rows, masked, into d_p and d_red.
-fn decode_scores(sj: u32, t: u32, k_end: u32, kv_row0: u32, b: u32, hh: vec4<u32>,
+// Key sj's (thread t's) scores against the 4 staged rows, masked, into d_p and d_red; kb is
+// kv_first of k.
+fn decode_scores(sj: u32, t: u32, k_end: u32, kb: u32, b: u32, hh: vec4<u32>,
                  li: vec4<u32>) {
     var sc = vec4<f32>(0.0);
     if (sj < k_end) {
+        let first = kb + sj * p.k_strides.z;
         // eight loads in flight before their dots (loads past DE4 read zeros)
         for (var i = 0u; i < DE4; i = i + 8u) {
-            let k0 = load_k(kv_row0 + sj, i);
-            let k1 = load_k(kv_row0 + sj, i + 1u);
-            let k2 = load_k(kv_row0 + sj, i + 2u);
-            let k3 = load_k(kv_row0 + sj, i + 3u);
-            let k4 = load_k(kv_row0 + sj, i + 4u);
-            let k5 = load_k(kv_row0 + sj, i + 5u);
-            let k6 = load_k(kv_row0 + sj, i + 6u);
-            let k7 = load_k(kv_row0 + sj, i + 7u);
+            let k0 = load_k(first, i);
+            let k1 = load_k(first, i + 1u);
+            let k2 = load_k(first, i + 2u);
+            let k3 = load_k(first, i + 3u);
+            let k4 = load_k(first, i + 4u);
+            let k5 = load_k(first, i + 5u);
+            let k6 = load_k(first, i + 6u);
+            let k7 = load_k(first, i + 7u);
             sc = sc + row_dots(i, k0) + row_dots(i + 1u, k1) + row_dots(i + 2u, k2)
                 + row_dots(i + 3u, k3);
             sc = sc + row_dots(i + 4u, k4) + row_dots(i + 5u, k5) + row_dots(i + 6u, k6)
@@ -671,10 +685,10 @@ fn decode_scores(sj: u32, t: u32, k_end: u32, kv_row0: u32, b: u32, hh: vec4<u32
     d_red[t] = s;
 }
 
-// Column slot c of key sj's v row; zeros from `last` (the group's end or k_end) on, where no
-// row is read (a cache's unwritten rows may hold anything).
-fn decode_v(kv_row0: u32, sj: u32, last: u32, c: u32) -> vec4<f32> {
-    let v = load_v(kv_row0 + min(sj, last - 1u), c);
+// Column slot c of key sj's v row (vb: kv_first of v); zeros from `last` (the group's end or
+// k_end) on, where no row is read (a cache's unwritten rows may hold anything).
+fn decode_v(vb: u32, sj: u32, last: u32, c: u32) -> vec4<f32> {
+    let v = load_v(vb + min(sj, last - 1u) * p.v_strides.z, c);
     return select(vec4<f32>(0.0), v, sj < last);
 }
 

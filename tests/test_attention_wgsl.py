@@ -2,9 +2,10 @@
 
 Prefill and the one-pass decode run through the WebGPU executor. The flash-decoding split path
 needs scratch operands (Dispatch.scratch), so `run_split` binds them itself, as the executor
-is asked to: one buffer per scratch operand, numbered after the outputs. q_dims / out_dims
-(q read through a permutation, the output written through one) are checked against the
-reference computed on the permuted copies."""
+is asked to: one buffer per scratch operand, numbered after the outputs. q_dims / k_dims /
+v_dims / out_dims (q, k and v read through a permutation, the output written through one) are
+checked against the reference computed on the permuted copies, and k and v's against the
+kernel's own result on those copies bit for bit."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -222,22 +223,31 @@ def test_decode_split_with_masks_and_short_rows(e):
     check(run_split([q, k, v, None], sdpa_attrs(causal=True))[0], reference(q, k, v, causal=True))
 
 
-# ---- q read through a permutation, the output written through one ---------------------------
-HEADS_MAJOR = [0, 2, 1, 3]   # Llama's q.transpose(1, 2), and the transpose back
+# ---- q, k and v read through a permutation, the output written through one -----------------
+HEADS_MAJOR = [0, 2, 1, 3]   # Llama's q/k/v.transpose(1, 2), and the transpose back
+READS = ("q_dims", "k_dims", "v_dims")
 LAYOUTS = {"q": {"q_dims": HEADS_MAJOR}, "out": {"out_dims": HEADS_MAJOR},
-           "both": {"q_dims": HEADS_MAJOR, "out_dims": HEADS_MAJOR}}
+           "both": {"q_dims": HEADS_MAJOR, "out_dims": HEADS_MAJOR},
+           "k": {"k_dims": HEADS_MAJOR}, "v": {"v_dims": HEADS_MAJOR},
+           "kv": {"k_dims": HEADS_MAJOR, "v_dims": HEADS_MAJOR},
+           "all": {key: HEADS_MAJOR for key in (*READS, "out_dims")}}
 
 
-def through_layouts(q, attrs):
-    """q as input 0 stores it (q.permute(q_dims) is q again); out_of(stored) gives the output
-    back as [B, Hq, L, Ev]."""
-    inverse = [HEADS_MAJOR.index(i) for i in range(4)]
-    stored_q = q.permute(*inverse).contiguous() if attrs.get("q_dims") else q
+def stored_as(x, dims):
+    """The contiguous tensor whose permute(dims) is x (x itself without dims)."""
+    return x.permute(*[dims.index(i) for i in range(x.dim())]).contiguous() if dims else x
 
-    def out_of(stored):
-        return stored.permute(*inverse) if attrs.get("out_dims") else stored
 
-    return stored_q, out_of
+def through_layouts(attrs, *operands):
+    """q, k and v (as many as given) as inputs 0, 1 and 2 store them; out_of(stored) gives the
+    output back as [B, Hq, L, Ev]."""
+    stored = [stored_as(x, attrs.get(key)) for x, key in zip(operands, READS)]
+
+    def out_of(out):
+        dims = attrs.get("out_dims")
+        return out.permute(*[dims.index(i) for i in range(4)]) if dims else out
+
+    return stored, out_of
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -250,35 +260,79 @@ def test_layouts_over_gqa_causal_prime_shapes(layout, l, s):
     attrs = {**sdpa_attrs(causal=True, gqa=True), **LAYOUTS[layout], "causal_offset": s - l}
     for e, ev in ((29, 29), (64, 16)):
         q, k, v = qkv(1, 6, 2, l, s, e, ev)
-        stored_q, out_of = through_layouts(q, attrs)
+        stored, out_of = through_layouts(attrs, q, k, v)
         want = reference(q, k, v, mask=keep, gqa=True)
-        for got in both_paths([stored_q, k, v, None], attrs):
+        for got in both_paths([*stored, None], attrs):
             check(out_of(got), want)
 
 
 @pytest.mark.parametrize("forced", [attention.PREFILL_TILES[-1], None])
 def test_layouts_through_the_prefill_tile_and_the_flash_fallback(monkeypatch, forced):
     monkeypatch.setattr(attention, "PREFILL_TILES", (forced,) if forced else ())
-    attrs = {**sdpa_attrs(causal=True, gqa=True), **LAYOUTS["both"]}
+    attrs = {**sdpa_attrs(causal=True, gqa=True), **LAYOUTS["all"]}
     q, k, v = qkv(2, 6, 3, 67, 130, 64)
-    stored_q, out_of = through_layouts(q, attrs)
-    got, entries = run_split([stored_q, k, v, None], attrs)
+    stored, out_of = through_layouts(attrs, q, k, v)
+    got, entries = run_split([*stored, None], attrs)
     assert entries == ["decode", "prefill" if forced else "flash", "combine"]
     check(out_of(got), reference(q, k, v, causal=True, gqa=True))
 
 
 def test_layouts_with_a_cache_window_and_a_float_mask():
     q, k, v = qkv(1, 4, 2, 5, 300, 64)
-    attrs = {**sdpa_attrs(causal=True, gqa=True), **LAYOUTS["both"], "kv_len": 150,
+    attrs = {**sdpa_attrs(causal=True, gqa=True), **LAYOUTS["all"], "kv_len": 150,
              "causal_offset": 145}
-    stored_q, out_of = through_layouts(q, attrs)
+    stored, out_of = through_layouts(attrs, q, k, v)
     keep = torch.ones(5, 150, dtype=torch.bool).tril(145)
     want = reference(q, k[:, :, :150], v[:, :, :150], mask=keep, gqa=True)
-    for got in both_paths([stored_q, k, v, None], attrs):
+    for got in both_paths([*stored, None], attrs):
         check(out_of(got), want)
-    mask, attrs = rand(1, 1, 5, 300), {**sdpa_attrs(gqa=True), **LAYOUTS["both"]}
-    for got in both_paths([stored_q, k, v, mask], attrs):
+    mask, attrs = rand(1, 1, 5, 300), {**sdpa_attrs(gqa=True), **LAYOUTS["all"]}
+    for got in both_paths([*stored, mask], attrs):
         check(out_of(got), reference(q, k, v, mask, gqa=True))
+
+
+# name -> (l, s, e, ev, mask kind): decode (l <= DECODE_L) in one pass, and split over 257
+# keys (more than SPLIT_KEYS) with its combine; the register-blocked prefill; the
+# one-row-per-thread flash (E = 256); f32 loads (E or Ev 5) and vec4 loads (E = Ev = 12)
+KV_CASES = {"decode-e5-causal": (7, 13, 5, 5, "causal"),
+            "decode-e12-float": (7, 13, 12, 12, "float"),
+            "combine-e5-float": (1, 257, 5, 5, "float"),
+            "combine-e12-bool": (3, 257, 12, 12, "bool"),
+            "combine-e256-causal": (1, 257, 256, 256, "causal"),
+            "prefill-e5-bool": (11, 13, 5, 5, "bool"),
+            "prefill-e12-float": (11, 13, 12, 12, "float"),
+            "prefill-e12-ev5-causal": (67, 130, 12, 5, "causal"),
+            "flash-e256-bool": (11, 13, 256, 256, "bool")}
+
+
+def kv_case_mask(kind, l, s):
+    """(attn_mask, attrs) of a KV_CASES mask kind; causal: the last l of s positions."""
+    if kind == "causal":
+        return None, {**sdpa_attrs(causal=True, gqa=True), "causal_offset": s - l}
+    if kind == "bool":
+        mask = torch.rand(1, 6, l, s) > 0.4
+        mask[..., 0] = True
+        return mask, sdpa_attrs(gqa=True)
+    return rand(2, 1, l, s), sdpa_attrs(gqa=True)
+
+
+@pytest.mark.parametrize("dims", [HEADS_MAJOR, [2, 0, 1, 3]], ids=["heads-major", "seq-first"])
+@pytest.mark.parametrize("case", sorted(KV_CASES))
+def test_k_and_v_read_through_a_permutation_match_their_copies_bit_for_bit(case, dims):
+    """GQA (6 query heads on 2), batch 2, k and v read through dims: the kernel's own result
+    on contiguous copies bit for bit (same entries), and float64 torch within the tolerance."""
+    l, s, e, ev, kind = KV_CASES[case]
+    torch.manual_seed(len(case))
+    q, k, v = qkv(2, 6, 2, l, s, e, ev)
+    mask, attrs = kv_case_mask(kind, l, s)
+    through = {**attrs, "k_dims": dims, "v_dims": dims}
+    stored, _ = through_layouts(through, q, k, v)
+    got, entries = run_split([*stored, mask], through)
+    base, base_entries = run_split([q, k, v, mask], attrs)
+    assert case.split("-")[0] in entries and entries == base_entries
+    assert torch.equal(got, base)
+    keep = torch.ones(l, s, dtype=torch.bool).tril(s - l) if kind == "causal" else mask
+    check(got, reference(q, k, v, mask=keep, gqa=True))
 
 
 # ---- NaN / Inf, as eager torch ------------------------------------------------------------

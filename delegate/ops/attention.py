@@ -10,11 +10,11 @@ row i sees keys j <= i + causal_offset). ExecuTorch's Llama masks the cache with
 [pos, pos + L) of a causal buffer; the lowering turns that mask into causal_offset = pos and
 kv_len = pos + L, so a decode step at position 127 reads 128 keys, not the whole cache.
 
-Layouts: q_dims reads input 0 through a permutation (q = input.permute(q_dims)) and out_dims
-writes the output through one (the stored output is out.permute(out_dims)); empty: as is.
-Both keep the head dim last, so each row of q and of the output stays contiguous. They take
-Llama's q.transpose(1, 2) and the transpose back into the attention (delegate/passes/
-sdpa_layout.py) without a copy of their own.
+Layouts: q_dims, k_dims and v_dims read inputs 0, 1 and 2 through a permutation (q =
+input.permute(q_dims)), and out_dims writes the output through one (the stored output is
+out.permute(out_dims)); empty: as is. All keep the head dim last, so each row of q, k, v and
+of the output stays contiguous. They take Llama's q/k/v.transpose(1, 2) and the transpose back
+into the attention (delegate/passes/sdpa_layout.py) without a copy of their own.
 """
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ from delegate.ops.export import register_pattern
 from delegate.ops._common import arg, broadcast, claiming_device, one_input
 
 _MASK_DTYPES = (torch.bool, torch.float32)
+READ_DIMS = ("q_dims", "k_dims", "v_dims")   # the layouts inputs 0, 1 and 2 are read through
 
 
 def _layout(dims, rank: int = 4) -> list:
-    """A q_dims / out_dims attribute as a permutation (empty: the identity), checked."""
+    """A q/k/v_dims or out_dims attribute as a permutation (empty: the identity), checked."""
     perm = list(dims or range(rank))
     expect(bool(perm) and sorted(perm) == list(range(rank)) and perm[-1] == rank - 1,
            DelegateError,
@@ -39,8 +40,8 @@ def _layout(dims, rank: int = 4) -> list:
 
 def _infer_sdpa(in_shapes, attrs):
     one_input(in_shapes, 3)
-    q, k, v = (tuple(s) for s in in_shapes[:3])
-    q = tuple(q[i] for i in _layout(attrs.get("q_dims"), len(q)))   # q as the kernel reads it
+    q, k, v = (tuple(s[i] for i in _layout(attrs.get(key), len(s)))   # as the kernel reads them
+               for s, key in zip(in_shapes[:3], READ_DIMS))
     mask = in_shapes[3] if len(in_shapes) > 3 else None
     for name, s in (("query", q), ("key", k), ("value", v)):
         expect(len(s) == 4, DelegateError, f"sdpa {name} rank", 4, f"{len(s)} {s}")
@@ -67,15 +68,14 @@ def _lower_sdpa(ctx, node):
     lower_sdpa(ctx, node)
 
 
-def lower_sdpa(ctx, node, q=None, q_dims=(), out=None, out_dims=()):
-    """The sdpa of fx node `node`, reading q from `q` through q_dims (default: the node's
-    query as is) and writing the value of fx node `out` through out_dims (default: its own)."""
-    k, v, gqa = node.args[1], node.args[2], bool(arg(node, 7, "enable_gqa", False))
-    bases = _repeated_heads(k), _repeated_heads(v)
-    if all(b is not None for b in bases) and bases[0][1] == bases[1][1]:
-        (k, _), (v, _) = bases   # the kernel's GQA reads kv head h // rep: no copies
-        gqa = True
-    ins = [ctx.tensor(node.args[0] if q is None else q), ctx.tensor(k), ctx.tensor(v)]
+def lower_sdpa(ctx, node, through=None, out=None, out_dims=()):
+    """The sdpa of fx node `node`, reading operand i (0 q, 1 k, 2 v, as sdpa_operands finds
+    them) from through[i] = (fx node, dims) as that node's value permuted by dims (default:
+    the operand as is), and writing the value of fx node `out` through out_dims (default: its
+    own)."""
+    *operands, gqa = sdpa_operands(node)
+    reads = [(through or {}).get(i, (x, ())) for i, x in enumerate(operands)]
+    ins = [ctx.tensor(x) for x, _ in reads]
     mask = arg(node, 3, "attn_mask")
     causal, kv_len, offset = bool(arg(node, 5, "is_causal", False)), None, 0
     window = _cache_window(node, mask)
@@ -83,10 +83,23 @@ def lower_sdpa(ctx, node, q=None, q_dims=(), out=None, out_dims=()):
         mask, causal, (offset, kv_len) = None, True, window
     ins.append(ctx.optional_tensor(mask))
     scale = arg(node, 6, "scale")
+    layouts = {key: list(dims) for key, (_, dims) in zip(READ_DIMS, reads)}
     ctx.emit("sdpa", ins, [ctx.output(node if out is None else out)], is_causal=causal,
              scale=None if scale is None else float(scale),
              enable_gqa=gqa, kv_len=kv_len,
-             causal_offset=offset, q_dims=list(q_dims), out_dims=list(out_dims))
+             causal_offset=offset, **layouts, out_dims=list(out_dims))
+
+
+def sdpa_operands(node) -> tuple:
+    """(q, k, v, enable_gqa): the fx nodes the kernel reads for an sdpa node. k and v are
+    the bases of their repeated heads where both repeat them alike (the kernel's GQA reads kv
+    head h // rep: no copies), else the node's own arguments."""
+    k, v, gqa = node.args[1], node.args[2], bool(arg(node, 7, "enable_gqa", False))
+    bases = _repeated_heads(k), _repeated_heads(v)
+    if all(b is not None for b in bases) and bases[0][1] == bases[1][1]:
+        (k, _), (v, _) = bases
+        gqa = True
+    return node.args[0], k, v, gqa
 
 
 def _repeated_heads(x):
@@ -169,7 +182,7 @@ register_op("sdpa", ("aten.scaled_dot_product_attention.default",), _infer_sdpa,
             doc="softmax(q k^T * scale + mask) v; causal, masks, GQA; no dropout",
             attrs={"is_causal": "bool", "scale": "float?", "enable_gqa": "bool",
                    "kv_len": "symint?", "causal_offset": "symint", "q_dims": "ints",
-                   "out_dims": "ints"}, arity=(4, 1))
+                   "k_dims": "ints", "v_dims": "ints", "out_dims": "ints"}, arity=(4, 1))
 
 
 # ExecuTorch's llama.custom_sdpa (source_transformation/sdpa.py): q [B, L, Hq, D] at positions
@@ -221,7 +234,8 @@ def _lower_custom_sdpa(ctx, node):
     scale = arg(node, 7, "scale")
     ctx.emit("sdpa", [q, k, v, -1], [heads], is_causal=True,
              scale=None if scale is None else float(scale), enable_gqa=True,
-             kv_len=host_values.plus(start, rows), causal_offset=start, q_dims=[], out_dims=[])
+             kv_len=host_values.plus(start, rows), causal_offset=start,
+             **{key: [] for key in READ_DIMS}, out_dims=[])
     ctx.emit("permute", [heads], [ctx.output(node)], dims=[0, 2, 1, 3])
 
 
