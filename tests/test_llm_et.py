@@ -116,6 +116,56 @@ def test_tiny_et_llama_runs_in_one_delegate_and_matches_eager(device, form, quan
         prog.destroy()
 
 
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_custom_sdpa_reads_the_caches_in_place_with_no_permute(device):
+    """llama.custom_sdpa's q, caches and output are [B, S, H, D]: its sdpa reads and writes
+    them through q/k/v_dims and out_dims, so no step copies a cache into heads-major order."""
+    eager, prog, pm = _lowered(device, True, "custom")
+    try:
+        ops = " ".join(prog.load_method("forward").delegates[0][0].describe(
+            prog.load_method("forward").delegates[0][1])["ops"]).split()
+        assert not any(op.startswith("permute") for op in ops), ops
+        out, described, _ = run_steps(pm, device, _steps(7, decode=2))
+        pos, want = 0, []
+        for tokens in _steps(7, decode=2):
+            want.append(_logits(eager(tokens, {"input_pos": torch.tensor([pos])})))
+            pos += tokens.shape[1]
+        for got, w in zip(out, want):
+            torch.testing.assert_close(got, w, **tol("model", device))
+    finally:
+        prog.destroy()
+
+
+@pytest.mark.parametrize("chain,want", [([[0, 2, 1, 3], [0, 2, 1, 3]], []),
+                                        ([[1, 0, 2, 3], [0, 2, 1, 3]], [1, 2, 0, 3]),
+                                        ([[0, 2, 1, 3]], [0, 2, 1, 3]),
+                                        ([[0, 1, 3, 2], [0, 2, 1, 3]], None)])
+def test_through_permutes_composes_the_chain_ending_at_a_node(chain, want):
+    """x == base.permute(dims) for the base it finds; a permute moving the last dim ends the
+    walk (None: the walk stops at the last permute's input)."""
+    from delegate.ops.export import through_permutes
+
+    class Chain(torch.nn.Module):
+        def forward(self, x):
+            for dims in chain:
+                x = x.permute(dims)
+            return x + 0   # the last permute is not the graph's output itself
+
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    x = torch.randn(2, 3, 5, 7)
+    edge = to_edge(torch.export.export(Chain(), (x,)),
+                   compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    graph = edge.exported_program().graph
+    out = next(n for n in graph.nodes if n.op == "output").args[0][0].args[0]
+    base, dims = through_permutes(out)
+    if want is None:
+        assert base is out.args[0] and dims == list(chain[-1])
+        return
+    assert base.op == "placeholder" and dims == want
+    assert torch.equal(x.permute(dims or [0, 1, 2, 3]) + 0, Chain()(x))
+
+
 def test_a_webgpu_decode_step_moves_only_the_token_the_params_prefix_and_the_logits():
     eager, prog, _ = _lowered("webgpu")
     try:

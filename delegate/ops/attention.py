@@ -22,7 +22,7 @@ import torch
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops.export import register_pattern
+from delegate.ops.export import register_pattern, through_permutes
 from delegate.ops._common import arg, broadcast, claiming_device, one_input
 
 _MASK_DTYPES = (torch.bool, torch.float32)
@@ -187,10 +187,13 @@ register_op("sdpa", ("aten.scaled_dot_product_attention.default",), _infer_sdpa,
 
 # ExecuTorch's llama.custom_sdpa (source_transformation/sdpa.py): q [B, L, Hq, D] at positions
 # start_pos.., k / v the whole cache [B, S_max, Hkv, D]; keys past start_pos + L are not yet
-# written, and row i sees keys j <= start_pos + i. Lowered to sdpa over [B, H, S, D] with
-# kv_len = start_pos + L and causal_offset = start_pos; a permute feeding it that only undoes
-# the model's own transpose is skipped.
+# written, and row i sees keys j <= start_pos + i. Lowered to one sdpa with kv_len =
+# start_pos + L and causal_offset = start_pos that reads q, k and v as [B, H, S, D] through
+# q/k/v_dims [0, 2, 1, 3] and writes its [B, L, H, D] output through out_dims: no copy of the
+# cache per step. An operand that is itself the permute undoing the model's own transpose is
+# read from that permute's input as is.
 _CUSTOM_SDPA = "llama.custom_sdpa.default"
+_HEADS_MAJOR = [0, 2, 1, 3]   # [B, S, H, D] <-> [B, H, S, D]
 
 
 def _match_custom_sdpa(node):
@@ -209,34 +212,25 @@ def _match_custom_sdpa(node):
     return _webgpu_head_dims(node) if claiming_device() == "webgpu" else None
 
 
-def _heads_major(ctx, x):
-    """x [B, S, H, D] as [B, H, S, D]: the permute's input when x is itself that permute."""
-    from delegate.ops.export import target_name
-
-    if getattr(x, "op", None) == "call_function" and \
-            target_name(x.target) == "aten.permute_copy.default" and list(x.args[1]) == [0, 2, 1, 3]:
-        return ctx.tensor(x.args[0])
-    val = x.meta["val"]
-    out = ctx.new_value(val.dtype, ctx.dims([val.shape[0], val.shape[2], val.shape[1], val.shape[3]]))
-    ctx.emit("permute", [ctx.tensor(x)], [out], dims=[0, 2, 1, 3])
-    return out
+def _heads_major(ctx, x) -> tuple:
+    """(value, dims) reading x [B, S, H, D] as [B, H, S, D] through the permutes that end at x
+    (export.through_permutes): dims [] where they undo the model's own transpose."""
+    base, dims = through_permutes(x)
+    dims = [(dims or list(range(4)))[d] for d in _HEADS_MAJOR]
+    return ctx.tensor(base), ([] if dims == sorted(dims) else dims)
 
 
 def _lower_custom_sdpa(ctx, node):
     from delegate import host_values
 
-    q, k, v = (_heads_major(ctx, a) for a in node.args[:3])
+    (q, q_dims), (k, k_dims), (v, v_dims) = (_heads_major(ctx, a) for a in node.args[:3])
     start = host_values.expr_of(node.args[3])
     rows = host_values.expr_of(node.args[0].meta["val"].shape[1])
-    val = node.meta["val"]
-    heads = ctx.new_value(val.dtype, ctx.dims([val.shape[0], val.shape[2], val.shape[1],
-                                               val.shape[3]]))
     scale = arg(node, 7, "scale")
-    ctx.emit("sdpa", [q, k, v, -1], [heads], is_causal=True,
+    ctx.emit("sdpa", [q, k, v, -1], [ctx.output(node)], is_causal=True,
              scale=None if scale is None else float(scale), enable_gqa=True,
              kv_len=host_values.plus(start, rows), causal_offset=start,
-             **{key: [] for key in READ_DIMS}, out_dims=[])
-    ctx.emit("permute", [heads], [ctx.output(node)], dims=[0, 2, 1, 3])
+             q_dims=q_dims, k_dims=k_dims, v_dims=v_dims, out_dims=list(_HEADS_MAJOR))
 
 
 register_pattern("sdpa", _CUSTOM_SDPA, _match_custom_sdpa, _lower_custom_sdpa,

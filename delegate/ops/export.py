@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import torch
+
 from delegate.ops import _BY_TARGET, LowerFn, OpDef, _load
 
 _PATTERNS: dict[str, list] = {}     # anchor target name -> [PatternDef]
@@ -86,6 +88,27 @@ def op_for_target(target) -> Optional[OpDef]:
     """The OpDef whose targets include this fx node target, or None."""
     _load()
     return _BY_TARGET.get(target_name(target))
+
+
+def through_permutes(x) -> tuple:
+    """(base, dims) with x == base.permute(dims), dims [] where they cancel: x read through
+    the chain of permute_copy nodes that ends at it, so a kernel that reads through dims needs
+    none of their copies (ExecuTorch's custom KV cache transposes k and v to heads-major and
+    straight back). Every permute on the way keeps the last dim where it is (the kernels' rows
+    stay contiguous), and the base is contiguous in dim order."""
+    base, dims = x, None
+    while getattr(base, "op", None) == "call_function" and \
+            target_name(base.target) == "aten.permute_copy.default":
+        src, step = base.args[0], [int(d) % len(base.args[1]) for d in base.args[1]]
+        val = src.meta.get("val") if hasattr(src, "meta") else None
+        if step[-1] != len(step) - 1 or not isinstance(val, torch.Tensor) or \
+                tuple(val.dim_order()) != tuple(range(val.dim())):
+            break
+        dims = step if dims is None else [step[d] for d in dims]
+        base = src
+    if dims is None or dims == sorted(dims):
+        return base, []
+    return base, dims
 
 
 def target_name(target) -> str:

@@ -15,7 +15,7 @@ from delegate import host_values
 from delegate.errors import DelegateError, UnsupportedError, expect
 from delegate.ops import register_op
 from delegate.ops.export import (constant_value, pattern_for, register_pattern,
-                                 target_name)
+                                 target_name, through_permutes)
 from delegate.shape_math import slice_bounds
 from delegate.ops._common import (FOUR_BYTE, arg, broadcast, contiguous_inputs,
                                   four_byte_inputs, norm_dim, numel, one_input)
@@ -221,7 +221,8 @@ def write_inputs(ctx, node) -> tuple:
     own lowering makes them (a broadcast source's expand emitted); the write is the caller's."""
     if target_name(node.target) not in _SCATTER_TARGETS:   # llama.update_cache
         value, cache, start = _update_cache_args(node)
-        return ctx.tensor(cache), ctx.tensor(value), 1, start, []
+        value, dims = through_permutes(value)   # the custom cache's transposes there and back
+        return ctx.tensor(cache), ctx.tensor(value), 1, start, dims
     dst, src, dim, start = _scatter_args(node)
     d = norm_dim(dim, dst.meta["val"].dim())
     want = ctx.dims(_written_shape(node, dst.meta["val"], d))
