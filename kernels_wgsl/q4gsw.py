@@ -62,9 +62,11 @@ TILE128_MIN_M = 64
 TILE128_MIN_TILES = 256
 # Split K from this K up: chunks of K_SPLIT (a multiple of BK = 8), one workgroup per chunk
 # and tile, at every M >= TILE128_MIN_M. Only the chunk length decides bits, so it is one
-# constant; None turns split K off. 2048 splits only Llama-3.2-1B's down projection (K 8192,
-# N 2048: 64 tiles at M 512 for 132 SMs) into 4 chunks.
-K_SPLIT = 2048
+# constant; None turns split K off. The Llama-3.2-1B-shaped layer on an H100, summed GPU us
+# (bench/results/splitk_h100.txt): off 3042 at T=512 and 1739 at T=128; 2048 (the down
+# projection only) 2586 / 1305; 1024: 2544 / 1013; 512: 2498 / 778. The partials cost scratch
+# of splits x M x N floats at the upper-bound M (SwiGLU's 4 x 2048 x 16384: 512 MiB).
+K_SPLIT = 512
 TILES_F16 = False   # f16 tile values where the device has shader-f16 (see the docstring)
 TILE128_THREADS = 256
 PRELUDE = {True: "enable f16;\nalias tile_t = f16;", False: "alias tile_t = f32;"}

@@ -106,6 +106,7 @@ def test_wgsl_kernels_match_fp64_dequant_matmul_at_every_m(monkeypatch, variant_
                                                             bias):
     variant = _device_variant(monkeypatch, *VARIANTS[variant_name])
     monkeypatch.setattr(wq, "TILE128_MIN_TILES", 1)   # M >= 64 takes the 128x128 tile at any N
+    monkeypatch.setattr(wq, "K_SPLIT", None)          # unsplit (split K: the tests below)
     qdata, scale, b, weights = weights_for(n, k, gs, bias, seed=n + k + gs)
     ex = WebGpuExecutor(q4gsw_graph(n, k, gs, bias), weights)
     try:
