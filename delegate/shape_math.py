@@ -8,6 +8,7 @@ import math
 from delegate.errors import DelegateError, expect
 
 _INT_MAX = 2 ** 63 - 1
+SDPA_READ_DIMS = ("q_dims", "k_dims", "v_dims")   # sdpa's layouts of inputs 0, 1 and 2
 
 
 def numel(shape) -> int:
@@ -40,3 +41,10 @@ def index_block_start(indexed: list) -> int:
     front (numpy's rule, which torch follows). `indexed`: the indexed dims, ascending."""
     adjacent = indexed == list(range(indexed[0], indexed[0] + len(indexed)))
     return indexed[0] if adjacent else 0
+
+
+def sdpa_read_shapes(in_shapes, attrs) -> tuple:
+    """q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] as sdpa's kernels read them:
+    inputs 0, 1 and 2 through q_dims, k_dims and v_dims (empty: as stored)."""
+    return tuple(tuple(s[i] for i in attrs.get(key) or range(len(s)))
+                 for s, key in zip(in_shapes[:3], SDPA_READ_DIMS))

@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from delegate.shape_math import SDPA_READ_DIMS, sdpa_read_shapes
 from kernels_cpu import register_kernel
 from kernels_cpu.threadpool import get_pool, typed, worker_slices
 
@@ -32,23 +33,15 @@ _F32 = 4
 _STAGE_PHASES = 4   # floats per 16 bytes: the alignments a staged output tile may take
 # Below this many multiply-adds the whole call runs on one worker.
 PARALLEL_MACS = 1 << 18
-_READ_DIMS = ("q_dims", "k_dims", "v_dims")   # the op's layouts of inputs 0, 1 and 2
 
 
 def _align(n: int) -> int:
     return (n + 63) // 64 * 64
 
 
-def _read_shapes(in_shapes, attrs) -> tuple:
-    """q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] as the kernel reads them: inputs
-    0, 1 and 2 through q_dims, k_dims and v_dims."""
-    return tuple(tuple(s[i] for i in attrs.get(key) or range(len(s)))
-                 for s, key in zip(in_shapes, _READ_DIMS))
-
-
 def _shared_bias_shape(in_shapes, attrs):
     """Shape of the additive bias built in scratch, or None when none is needed."""
-    q, k, _ = _read_shapes(in_shapes, attrs)
+    q, k, _ = sdpa_read_shapes(in_shapes, attrs)
     mask = in_shapes[3] if len(in_shapes) > 3 else None
     if attrs.get("is_causal"):
         return (q[2], k[2])
@@ -79,7 +72,7 @@ def sdpa_scratch_nbytes(in_shapes, attrs, num_workers: int) -> int:
     # the mask dtype is unknown here: reserve room for a bool mask's bias in any case
     bias = _shared_bias_shape(in_shapes, attrs)
     shared = 0 if bias is None else _align(math.prod(bias) * _F32)
-    return shared + num_workers * _tile_layout(*_read_shapes(in_shapes, attrs), attrs)[1]
+    return shared + num_workers * _tile_layout(*sdpa_read_shapes(in_shapes, attrs), attrs)[1]
 
 
 def _bias(mask, attrs, L: int, S: int, scratch):
@@ -101,7 +94,7 @@ def _bias(mask, attrs, L: int, S: int, scratch):
 @register_kernel("sdpa", scratch_nbytes=sdpa_scratch_nbytes)
 def sdpa(ins, outs, attrs, scratch):
     q, k, v = (x.permute(*attrs[key]) if attrs.get(key) else x
-               for x, key in zip(ins, _READ_DIMS))
+               for x, key in zip(ins, SDPA_READ_DIMS))
     mask = ins[3] if len(ins) > 3 else None
     stored_keys = k.shape[2]   # a head's rows in a contiguous k or v (a staged head's phase)
     if attrs.get("kv_len") is not None:   # only a cache's filled rows are keys

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from delegate.errors import UnsupportedError
+from delegate.shape_math import SDPA_READ_DIMS, sdpa_read_shapes
 from kernels_wgsl import (Dispatch, broadcast_strides, contiguous_strides, groups,
                           register_wgsl, words)
 
@@ -170,21 +171,11 @@ def key_splits(l: int, s: int, split: bool, bc: int = DECODE_CHUNK) -> tuple:
     return groups(s, per), per
 
 
-READ_DIMS = ("q_dims", "k_dims", "v_dims")   # the op's layouts of inputs 0, 1 and 2
-
-
-def read_shapes(ins, attrs) -> tuple:
-    """q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] as the kernel reads them: inputs
-    0, 1 and 2 through q_dims, k_dims and v_dims."""
-    return tuple(tuple(s[i] for i in attrs.get(key) or range(len(s)))
-                 for s, key in zip(ins, READ_DIMS))
-
-
 def read_strides(ins, attrs) -> list:
     """Element strides of q's (b, h, l, e), k's and v's (b, h, s, e) in inputs 0, 1 and 2
     (q = input.permute(q_dims), ...), flattened in that order."""
     strides = []
-    for stored, key in zip(ins, READ_DIMS):
+    for stored, key in zip(ins, SDPA_READ_DIMS):
         own = contiguous_strides(stored)
         strides += [own[i] for i in attrs.get(key) or range(len(stored))]
     return strides
@@ -211,7 +202,7 @@ def partials_bytes(ins, split: bool) -> int:
 
 @register_wgsl("sdpa")
 def sdpa(ins, outs, attrs, info):
-    (q, k, v), mask = read_shapes(ins, attrs), ins[3] if len(ins) > 3 else None
+    (q, k, v), mask = sdpa_read_shapes(ins, attrs), ins[3] if len(ins) > 3 else None
     if q[3] > MAX_HEAD or v[3] > MAX_HEAD:
         raise UnsupportedError(f"sdpa head dims on WebGPU: expected at most {MAX_HEAD}, "
                                f"got E={q[3]}, Ev={v[3]}")
@@ -225,7 +216,7 @@ def sdpa(ins, outs, attrs, info):
 
     def params(ins, outs, attrs):
         """(params, workgroups, splits) of the kernel the live L picks."""
-        (b, hq, l, e), _, (_, hkv, s, ev) = read_shapes(ins, attrs)
+        (b, hq, l, e), _, (_, hkv, s, ev) = sdpa_read_shapes(ins, attrs)
         scale = attrs.get("scale")
         scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
         mstrides = broadcast_strides(ins[3], (b, hq, l, s)) if mask is not None else [0] * 4
@@ -241,12 +232,13 @@ def sdpa(ins, outs, attrs, info):
     def sizes_when(decode: bool):
         def sizes(ins, outs, attrs):
             packed, count, _ = params(ins, outs, attrs)
-            return packed, count if (read_shapes(ins, attrs)[0][2] <= DECODE_L) == decode else 0
+            decoding = sdpa_read_shapes(ins, attrs)[0][2] <= DECODE_L
+            return packed, count if decoding == decode else 0
         return sizes
 
     def combine_sizes(ins, outs, attrs):
         packed, _, splits = params(ins, outs, attrs)
-        (b, hq, l, _), ev = read_shapes(ins, attrs)[0], ins[2][3]
+        (b, hq, l, _), ev = sdpa_read_shapes(ins, attrs)[0], ins[2][3]
         return packed, b * hq * l if splits > 1 and ev else 0
 
     m_arg = 3 if mask is not None else None

@@ -25,13 +25,14 @@
 // the entry point only adds the stores, through the prelude's store_output() (one output and a
 // bias, or the fused multi-output scatter).
 //
-// Split K (SPLITS > 1, from the prelude with K_CHUNK): a grid too small to fill the GPU (a
-// 2048-wide output at M = 512 is 64 tiles for 132 SMs) also splits K into chunks of K_CHUNK,
-// one workgroup per (chunk, tile). Each writes its raw block to `partials` [chunk][m][n_pad],
-// and q4gsw_splitk_reduce adds the chunks in order, p0 + p1 + .., and stores the sum through
-// the same epilogue. A chunk's sum is the same FMA chain over its k as the unsplit tile's, so
-// an output's bits depend on K and K_CHUNK, never on N or on which tile ran: kernels_wgsl/
-// q4gsw.py decides the split by K and M alone, which keeps a fused op's columns bit for bit.
+// Split K (SPLITS > 1, from the prelude with K_CHUNK): K cut into chunks of K_CHUNK, one
+// workgroup per (chunk, tile), so that a grid too small to fill the GPU (a 2048-wide output
+// at M = 512 is 64 tiles for 132 SMs) gets more workgroups. Each writes its raw block to
+// `partials` [chunk][m][n_pad], and q4gsw_splitk_reduce adds the chunks in order, p0 + p1 + ..,
+// and stores the sum through the same epilogue. A chunk's sum is the same FMA chain over its
+// k as the unsplit tile's, so an output's bits depend on K and K_CHUNK, never on N or on which
+// tile ran: kernels_wgsl/q4gsw.py decides the split by K and M alone, which keeps a fused op's
+// columns bit for bit.
 
 struct Q4Params {
     m: u32, n: u32, k: u32, group_size: u32,
@@ -176,51 +177,38 @@ fn store4(m: u32, n: u32, v: vec4<f32>) {
     }
 }
 
-fn store_row(m: u32, n0: u32, tx: u32, a: vec4<f32>, b: vec4<f32>) {
-    if (m < p.m) {
+// Row m of a thread's block (columns n0 + 4tx .. and n0 + 64 + 4tx ..), rows past M dropped:
+// unsplit through the epilogue; split, raw into chunk c's partials, columns up to n_pad (the
+// reduce reads only those below N)
+fn store_row(c: u32, m: u32, n0: u32, tx: u32, a: vec4<f32>, b: vec4<f32>) {
+    if (m >= p.m) {
+        return;
+    }
+    if (SPLITS == 1u) {
         store4(m, n0 + 4u * tx, a);
         store4(m, n0 + 64u + 4u * tx, b);
+        return;
+    }
+    let row = ((c * p.m + m) * p.n_pad) / 4u;
+    if (n0 + 4u * tx < p.n_pad) {
+        partials[row + (n0 / 4u) + tx] = a;
+    }
+    if (n0 + 64u + 4u * tx < p.n_pad) {
+        partials[row + (n0 / 4u) + 16u + tx] = b;
     }
 }
 
-fn store_tile(t: Tile8x8, m0: u32, n0: u32, lid: u32) {
+fn store_tile(t: Tile8x8, c: u32, m0: u32, n0: u32, lid: u32) {
     let tx = lid % 16u;
     let r = m0 + 4u * (lid / 16u);
-    store_row(r, n0, tx, t.r0a, t.r0b);
-    store_row(r + 1u, n0, tx, t.r1a, t.r1b);
-    store_row(r + 2u, n0, tx, t.r2a, t.r2b);
-    store_row(r + 3u, n0, tx, t.r3a, t.r3b);
-    store_row(r + 64u, n0, tx, t.r4a, t.r4b);
-    store_row(r + 65u, n0, tx, t.r5a, t.r5b);
-    store_row(r + 66u, n0, tx, t.r6a, t.r6b);
-    store_row(r + 67u, n0, tx, t.r7a, t.r7b);
-}
-
-// the raw block of chunk c: rows past M are dropped, columns up to n_pad kept (the reduce
-// reads only those below N)
-fn store_partial_row(c: u32, m: u32, n0: u32, tx: u32, a: vec4<f32>, b: vec4<f32>) {
-    if (m < p.m) {
-        let row = ((c * p.m + m) * p.n_pad) / 4u;
-        if (n0 + 4u * tx < p.n_pad) {
-            partials[row + (n0 / 4u) + tx] = a;
-        }
-        if (n0 + 64u + 4u * tx < p.n_pad) {
-            partials[row + (n0 / 4u) + 16u + tx] = b;
-        }
-    }
-}
-
-fn store_partial(t: Tile8x8, c: u32, m0: u32, n0: u32, lid: u32) {
-    let tx = lid % 16u;
-    let r = m0 + 4u * (lid / 16u);
-    store_partial_row(c, r, n0, tx, t.r0a, t.r0b);
-    store_partial_row(c, r + 1u, n0, tx, t.r1a, t.r1b);
-    store_partial_row(c, r + 2u, n0, tx, t.r2a, t.r2b);
-    store_partial_row(c, r + 3u, n0, tx, t.r3a, t.r3b);
-    store_partial_row(c, r + 64u, n0, tx, t.r4a, t.r4b);
-    store_partial_row(c, r + 65u, n0, tx, t.r5a, t.r5b);
-    store_partial_row(c, r + 66u, n0, tx, t.r6a, t.r6b);
-    store_partial_row(c, r + 67u, n0, tx, t.r7a, t.r7b);
+    store_row(c, r, n0, tx, t.r0a, t.r0b);
+    store_row(c, r + 1u, n0, tx, t.r1a, t.r1b);
+    store_row(c, r + 2u, n0, tx, t.r2a, t.r2b);
+    store_row(c, r + 3u, n0, tx, t.r3a, t.r3b);
+    store_row(c, r + 64u, n0, tx, t.r4a, t.r4b);
+    store_row(c, r + 65u, n0, tx, t.r5a, t.r5b);
+    store_row(c, r + 66u, n0, tx, t.r6a, t.r6b);
+    store_row(c, r + 67u, n0, tx, t.r7a, t.r7b);
 }
 
 // workgroup = (chunk, row tile, column tile), the chunk slowest
@@ -237,12 +225,9 @@ fn q4gsw_steel_gemm128(@builtin(workgroup_id) wid: vec3<u32>,
     let tm = (wg % tiles) / p.tiles_n;
     let m0 = tm * BM;
     let n0 = (wg % p.tiles_n) * BN;
-    if (SPLITS == 1u) {
-        store_tile(steel_tile(m0, n0, lid, 0u, p.k), m0, n0, lid);
-    } else {
-        let k0 = c * K_CHUNK;
-        store_partial(steel_tile(m0, n0, lid, k0, min(p.k, k0 + K_CHUNK)), c, m0, n0, lid);
-    }
+    let k0 = c * K_CHUNK;   // unsplit: c = 0, the whole of K
+    let k1 = select(min(p.k, k0 + K_CHUNK), p.k, SPLITS == 1u);
+    store_tile(steel_tile(m0, n0, lid, k0, k1), c, m0, n0, lid);
 }
 
 // Split K's second pass: a thread per 4 columns n .. n + 3 of a row, each the chunks' sum in

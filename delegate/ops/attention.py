@@ -24,9 +24,9 @@ from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
 from delegate.ops.export import register_pattern, through_permutes
 from delegate.ops._common import arg, broadcast, claiming_device, one_input
+from delegate.shape_math import SDPA_READ_DIMS
 
 _MASK_DTYPES = (torch.bool, torch.float32)
-READ_DIMS = ("q_dims", "k_dims", "v_dims")   # the layouts inputs 0, 1 and 2 are read through
 
 
 def _layout(dims, rank: int = 4) -> list:
@@ -41,7 +41,7 @@ def _layout(dims, rank: int = 4) -> list:
 def _infer_sdpa(in_shapes, attrs):
     one_input(in_shapes, 3)
     q, k, v = (tuple(s[i] for i in _layout(attrs.get(key), len(s)))   # as the kernel reads them
-               for s, key in zip(in_shapes[:3], READ_DIMS))
+               for s, key in zip(in_shapes[:3], SDPA_READ_DIMS))
     mask = in_shapes[3] if len(in_shapes) > 3 else None
     for name, s in (("query", q), ("key", k), ("value", v)):
         expect(len(s) == 4, DelegateError, f"sdpa {name} rank", 4, f"{len(s)} {s}")
@@ -83,7 +83,7 @@ def lower_sdpa(ctx, node, through=None, out=None, out_dims=()):
         mask, causal, (offset, kv_len) = None, True, window
     ins.append(ctx.optional_tensor(mask))
     scale = arg(node, 6, "scale")
-    layouts = {key: list(dims) for key, (_, dims) in zip(READ_DIMS, reads)}
+    layouts = {key: list(dims) for key, (_, dims) in zip(SDPA_READ_DIMS, reads)}
     ctx.emit("sdpa", ins, [ctx.output(node if out is None else out)], is_causal=causal,
              scale=None if scale is None else float(scale),
              enable_gqa=gqa, kv_len=kv_len,
