@@ -58,11 +58,26 @@ def _poll_here(buffer, nbytes):
     return buffer.read_mapped(0, nbytes, copy=False)
 
 
+SPIN_S = 1000e-6   # the spin the "native spin" variant tries
+
+
+def _spun(native, spin_s):
+    """native.map with spin_s of non-blocking polls before it blocks."""
+    def map_(buffer, nbytes):
+        native.spin_s, saved = spin_s, native.spin_s
+        try:
+            return native.map(buffer, nbytes)
+        finally:
+            native.spin_s = saved
+    return map_
+
+
 def _waits(gpu):
-    """name -> (map, unmap): GpuDevice's native calls, wgpu-py's map_sync, and wgpu-py's promise
-    with the poll in this thread."""
+    """name -> (map, unmap): GpuDevice's native calls blocking at once and after a spin,
+    wgpu-py's map_sync, and wgpu-py's promise with the poll in this thread."""
     native = gpu._native_map
-    return {"native": (native.map, native.unmap),
+    return {"native": (_spun(native, 0.0), native.unmap),
+            "native spin": (_spun(native, SPIN_S), native.unmap),
             "map_sync": (_map_sync, lambda b: b.unmap()),
             "wgpu-py poll here": (_poll_here, lambda b: b.unmap())}
 
@@ -93,25 +108,28 @@ def floor(reps: int = 300) -> None:
 
 
 def layer_waits(reps: int = 200) -> None:
-    """The Llama-shaped layer at T=1, executed with the native map and with map_sync,
-    interleaved."""
+    """The Llama-shaped layer at T=1, executed with the native map (blocking at once, and after
+    a spin) and with map_sync, interleaved."""
     prog, m = load(llama_layer(), "webgpu")
     (_, ex), = m.delegates
     x = torch.randn(1, 1, 2048)
     native = ex._gpu._native_map
-    times: dict = {"native": [], "map_sync": []}
+    saved = native.spin_s
+    ways = (("native", native, 0.0), ("native spin", native, SPIN_S), ("map_sync", None, saved))
+    times: dict = {name: [] for name, _, _ in ways}
     end = time.perf_counter() + 1.5
     while time.perf_counter() < end:   # clocks up
         m.execute([x])
     try:
         for _ in range(reps):
-            for name, way in (("native", native), ("map_sync", None)):
+            for name, way, spin in ways:
                 ex._gpu._native_map = way
+                native.spin_s = spin
                 t0 = time.perf_counter()
                 m.execute([x])
                 times[name].append((time.perf_counter() - t0) * 1e6)
     finally:
-        ex._gpu._native_map = native
+        ex._gpu._native_map, native.spin_s = native, saved
     print("layer T=1 execute: " + ", ".join(
         f"{k} min {min(v):.1f} median {np.median(v):.1f}" for k, v in times.items()), flush=True)
     prog.destroy()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -169,6 +170,7 @@ class NativeMap:
         self._map_async, self._poll = lib.wgpuBufferMapAsync, lib.wgpuDevicePoll
         self._range, self._unmap = lib.wgpuBufferGetConstMappedRange, lib.wgpuBufferUnmap
         self._read, self._success = lib.WGPUMapMode_Read, lib.WGPUMapAsyncStatus_Success
+        self.spin_s = MAP_SPIN_S
         self._callback = ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
                                       self._done)
         self._info = ffi.new("WGPUBufferMapCallbackInfo *")
@@ -182,21 +184,35 @@ class NativeMap:
         """A cffi buffer over the mapped bytes (dangling after unmap: copy out first)."""
         self._status.clear()
         self._map_async(buffer._internal, self._read, 0, nbytes, self._info[0])
+        self._spin()
         for _ in range(MAP_POLLS):   # a poll waits for the queue; the callback may run later
-            self._poll(self._device, True, self._ffi.NULL)
             if self._status:
                 break
+            self._poll(self._device, True, self._ffi.NULL)
         if self._status != [self._success]:
             got = self._status or f"no callback after {MAP_POLLS} polls"
             raise DeviceError(f"readback of {nbytes} bytes: expected the buffer mapped, got "
                               f"map status {got}")
         return self._ffi.buffer(self._range(buffer._internal, 0, nbytes), nbytes)
 
+    def _spin(self) -> None:
+        """Poll without waiting for up to spin_s: a blocking poll sleeps on the driver's fence
+        and is woken late (bench/readback_probe.py --floor measures both); past spin_s a long
+        execute blocks instead of burning the core."""
+        if self.spin_s <= 0:
+            return
+        poll, device, null, status = self._poll, self._device, self._ffi.NULL, self._status
+        end = time.perf_counter() + self.spin_s
+        while not status and time.perf_counter() < end:
+            poll(device, False, null)
+
     def unmap(self, buffer) -> None:
         self._unmap(buffer._internal)
 
 
 MAP_POLLS = 100
+# Seconds a readback polls without waiting before it blocks (ETWGPU_MAP_SPIN_US, microseconds).
+MAP_SPIN_S = float(os.environ.get("ETWGPU_MAP_SPIN_US", "0")) * 1e-6
 
 
 def native_map(device):

@@ -125,13 +125,16 @@ def test_raw_pass_calls_encode_what_the_checked_calls_encode(monkeypatch):
 
 
 def test_native_map_reads_what_wgpu_pys_map_sync_reads(monkeypatch):
-    # NativeMap polls in this thread instead of waiting on wgpu-py's poll thread
+    # NativeMap polls in this thread instead of waiting on wgpu-py's poll thread; it blocks at
+    # once (spin 0), after a spin that outlasts the work, or after one too short for it
     graph, weights = dynamic_block()
     xs = [torch.randn(seq, 32) for seq in (3, 16, 1)]
     gpu = wgsl_device.get_device()
-    assert gpu._native_map is not None   # wgpu-py's native backend, as CI installs it
+    native = gpu._native_map
+    assert native is not None   # wgpu-py's native backend, as CI installs it
     results = {}
-    for way in ("native", "map_sync"):
+    for way, spin_s in (("native", 0.0), ("spin", 0.5), ("short spin", 1e-9), ("map_sync", 0.0)):
+        monkeypatch.setattr(native, "spin_s", spin_s)
         if way == "map_sync":
             monkeypatch.setattr(gpu, "_native_map", None)
         ex = WebGpuExecutor(graph, weights)
@@ -139,8 +142,9 @@ def test_native_map_reads_what_wgpu_pys_map_sync_reads(monkeypatch):
             results[way] = [ex.execute([x])[0] for x in xs]
         finally:
             ex.destroy()
-    for native, synced in zip(results["native"], results["map_sync"]):
-        assert torch.equal(native, synced)
+    for way in ("native", "spin", "short spin"):
+        for got, synced in zip(results[way], results["map_sync"]):
+            assert torch.equal(got, synced), way
 
 
 def test_a_refused_native_map_raises_device_error_and_leaves_the_buffer_usable():
@@ -320,6 +324,20 @@ def test_profiled_execute_times_every_dispatch_in_order(timestamps, monkeypatch)
             "rms_norm [rms_norm]", "steel_gemm [linear]", "unary [silu]",
             "steel_gemm [linear]", "softmax [softmax]"]
         assert all(sec >= 0 for _, sec in times)
+        torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
+                                   **tol("model", "webgpu"))
+    finally:
+        ex.destroy()
+
+
+def test_profiled_execute_whole_times_one_pass_of_every_dispatch():
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        x = torch.randn(6, 32)
+        outs, times, clock = ex.execute_profiled([x], whole=True)
+        assert clock == "gpu" and [label for label, _ in times] == ["whole pass [5 dispatches]"]
+        assert times[0][1] > 0
         torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
                                    **tol("model", "webgpu"))
     finally:

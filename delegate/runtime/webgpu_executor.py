@@ -469,37 +469,48 @@ class WebGpuExecutor:
             _regrid(b.payload.grid_sites[key], d, grid or (0, 0))
         return bytes(block)
 
-    def execute_profiled(self, inputs: list) -> tuple:
+    def execute_profiled(self, inputs: list, whole: bool = False) -> tuple:
         """(outputs, [("entry [op]", seconds)], clock): each dispatch in its own compute pass,
-        timed by GPU timestamp queries ("gpu") or, without them, by waiting on each ("wall")."""
+        timed by GPU timestamp queries ("gpu") or, without them, by waiting on each ("wall").
+        With `whole`, every dispatch goes in one compute pass, as execute encodes them, and the
+        one entry is that pass's GPU time: a pass per dispatch adds its own start-up and drain
+        to each, which a small kernel's time can be mostly made of."""
         b = self.plan.binding_for(inputs)
         attrs_now = self._upload(b, inputs)
         plan = [item for item in b.payload.dispatches if item[1][0]]   # (0, 0): none now
-        labels = [f"{d.spec.entry} [{d.op}]" for d, _ in plan]
         if not self._gpu.has_timestamps or len(b.payload.parts) > 1:
             return self._wall_profiled(b, inputs, attrs_now)
-        import wgpu
-
-        device = self._gpu.device
-        queries = device.create_query_set(type="timestamp", count=max(2, 2 * len(plan)))
-        stamps = device.create_buffer(size=max(16, 16 * len(plan)),
-                                      usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        try:
-            encoder = device.create_command_encoder()
-            for i, item in enumerate(plan):
-                writes = {"query_set": queries, "beginning_of_pass_write_index": 2 * i,
-                          "end_of_pass_write_index": 2 * i + 1}
-                self._encode(encoder.begin_compute_pass(timestamp_writes=writes), [item])
-            if plan:
-                encoder.resolve_query_set(queries, 0, 2 * len(plan), stamps, 0)
-            outs = self._finish(encoder, b, None)
-            ticks = torch.frombuffer(bytearray(self._gpu.queue.read_buffer(stamps)), dtype=torch.int64)
-        finally:
-            queries.destroy()
-            stamps.destroy()
+        passes = [plan] if whole else [[item] for item in plan]
+        labels = ([f"whole pass [{len(plan)} dispatches]"] if whole
+                  else [f"{d.spec.entry} [{d.op}]" for d, _ in plan])
+        outs, ticks = self._stamped(b, passes)
         # WebGPU timestamps are nanoseconds
         times = [(lab, float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9) for i, lab in enumerate(labels)]
         return outs, times, "gpu"
+
+    def _stamped(self, b, passes: list) -> tuple:
+        """Run `passes` (lists of dispatches), each a compute pass with begin and end
+        timestamps: (outputs, int64 tensor of the 2 stamps per pass)."""
+        import wgpu
+
+        device = self._gpu.device
+        queries = device.create_query_set(type="timestamp", count=max(2, 2 * len(passes)))
+        stamps = device.create_buffer(size=max(16, 16 * len(passes)),
+                                      usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        try:
+            encoder = device.create_command_encoder()
+            for i, dispatches in enumerate(passes):
+                writes = {"query_set": queries, "beginning_of_pass_write_index": 2 * i,
+                          "end_of_pass_write_index": 2 * i + 1}
+                self._encode(encoder.begin_compute_pass(timestamp_writes=writes), dispatches)
+            if passes:
+                encoder.resolve_query_set(queries, 0, 2 * len(passes), stamps, 0)
+            outs = self._finish(encoder, b, None)
+            raw = bytearray(self._gpu.queue.read_buffer(stamps))
+        finally:
+            queries.destroy()
+            stamps.destroy()
+        return outs, torch.frombuffer(raw, dtype=torch.int64)
 
     def _wall_profiled(self, b, inputs, attrs_now: dict) -> tuple:
         """Each dispatch submitted and waited for on its own; a CPU fallback run timed whole."""
