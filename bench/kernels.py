@@ -268,7 +268,8 @@ def layer_figures(gpu: Gpu, reps: int, small: bool) -> list:
             peers = {"torch bf16": torch_layer_us(small, t)}
             name = f"{'small' if small else 'Llama-3.2-1B'} layer T={t}"
             for how, whole in (("GPU sum", False), ("one pass", True)):
-                fig = Figure("layer", f"{name} {how}", _gpu_us(executor, x, whole, 5), "µs",
+                fig = Figure("layer", f"{name} {how}",
+                             _gpu_us(executor, x, "whole" if whole else "each", 5), "µs",
                              peers, target, f"{n} dispatches" + (
                                  "; a pass each, as the issue measured" if not whole else
                                  "; one pass with stamps at its ends, as execute encodes"))

@@ -123,7 +123,7 @@ def chain(args) -> list:
                      ("  overhead per node", (wall - kern) / nodes, "µs")]
         else:
             gpu = _gpu_us(executor, x)
-            one = _gpu_us(executor, x, whole=True, runs=5)
+            one = _gpu_us(executor, x, mode="whole", runs=5)
             n = len(executor.plan.binding_for([x]).payload.dispatches)
             rows += [(f"chain {n} dispatches webgpu: wall", wall, "µs"),
                      ("  GPU timestamps sum (a pass each)", gpu, "µs"),
@@ -150,13 +150,13 @@ def _encode_us(executor, x) -> float:
     return min_us(encode, 50)
 
 
-def _gpu_us(executor, x, whole: bool = False, runs: int = 3) -> float:
-    """Min over `runs` of the GPU timestamps: summed over a pass per dispatch, or with `whole`
-    of the one pass holding them all (execute's encoding; a pass per dispatch adds each its
-    own start-up and drain)."""
+def _gpu_us(executor, x, mode: str = "each", runs: int = 3) -> float:
+    """Min over `runs` of the GPU timestamps summed, timed as execute_profiled's `mode` times
+    them: "each" (a pass per dispatch, what the issues measured) or "whole" (one pass holding
+    them all, as execute encodes)."""
     best = float("inf")
     for _ in range(runs):
-        _, times, clock = executor.execute_profiled([x], whole=whole)
+        _, times, clock = executor.execute_profiled([x], mode=mode)
         best = min(best, sum(t for _, t in times))
     return best * 1e6
 
@@ -206,13 +206,26 @@ def warm_gpu(m, x, seconds: float = 1.5) -> None:
 
 
 def _dispatch_rows(executor, x, runs: int = 5) -> list:
-    """Each dispatch's own GPU time (a pass each), min over runs: the profile under the sum."""
-    best: dict = {}
+    """Each dispatch's GPU time in a pass of its own, and what it adds to one pass holding the
+    dispatches before it (the min of each prefix pass over runs, less the previous one's):
+    the profile under the sums."""
+    own: dict = {}
+    prefix: dict = {}
     for _ in range(runs):
         _, times, _ = executor.execute_profiled([x])
         for i, (label, t) in enumerate(times):
-            best[(i, label)] = min(best.get((i, label), float("inf")), t * 1e6)
-    return [(f"    {i}: {label}", t, "µs") for (i, label), t in best.items()]
+            own[(i, label)] = min(own.get((i, label), float("inf")), t * 1e6)
+        _, added, _ = executor.execute_profiled([x], mode="marginal")
+        total = 0.0
+        for i, (_, t) in enumerate(added):
+            total += t * 1e6
+            prefix[i] = min(prefix.get(i, float("inf")), total)
+    rows: list = []
+    for (i, label), t in own.items():
+        rows += [(f"    {i}: {label}, own pass", t, "µs"),
+                 (f"    {i}: {label}, adds to one pass", prefix[i] - prefix.get(i - 1, 0.0),
+                  "µs")]
+    return rows
 
 
 def llama(args) -> list:
@@ -224,7 +237,7 @@ def llama(args) -> list:
         x = torch.randn(1, t, 256 if args.small else 2048)
         _, wall = timed(lambda: m.execute([x]), 50 if t == 1 else 10)
         gpu = _gpu_us(executor, x)
-        one = _gpu_us(executor, x, whole=True, runs=5)
+        one = _gpu_us(executor, x, mode="whole", runs=5)
         _, again = timed(lambda: m.execute([x]), 50 if t == 1 else 10)   # clocks may move
         wall = min(wall, again)
         n = len(executor.plan.binding_for([x]).payload.dispatches)

@@ -335,13 +335,43 @@ def test_profiled_execute_whole_times_one_pass_of_every_dispatch():
     ex = WebGpuExecutor(graph, weights)
     try:
         x = torch.randn(6, 32)
-        outs, times, clock = ex.execute_profiled([x], whole=True)
+        outs, times, clock = ex.execute_profiled([x], mode="whole")
         assert clock == "gpu" and [label for label, _ in times] == ["whole pass [5 dispatches]"]
         assert times[0][1] > 0
         torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
                                    **tol("model", "webgpu"))
     finally:
         ex.destroy()
+
+
+def test_profiled_execute_marginal_times_what_each_dispatch_adds_to_one_pass():
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        x = torch.randn(6, 32)
+        _, each, _ = ex.execute_profiled([x])
+        outs, added, clock = ex.execute_profiled([x], mode="marginal")
+        assert clock == "gpu" and [lab for lab, _ in added] == [f"+{lab}" for lab, _ in each]
+        torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
+                                   **tol("model", "webgpu"))
+        with pytest.raises(InputError, match="execute_profiled mode: expected one of"):
+            ex.execute_profiled([x], mode="sum")
+    finally:
+        ex.destroy()
+
+
+def test_profiled_execute_marginal_refuses_a_program_with_state():
+    # replaying a stateful program's dispatches would apply its updates several times
+    from tests.test_resident_state import _cache_program
+
+    _, prog = _cache_program("webgpu")
+    try:
+        (_, ex), = prog.load_method("forward").delegates
+        with pytest.raises(InputError, match="'marginal' replays dispatches: expected a program "
+                                             "without state, got 1 state updates"):
+            ex.execute_profiled([torch.randn(1, 3, 5), torch.tensor([0])], mode="marginal")
+    finally:
+        prog.destroy()
 
 
 def test_profile_method_prints_dispatches_grouped_by_kernel(tmp_path):

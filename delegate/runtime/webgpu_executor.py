@@ -48,6 +48,7 @@ ELEMENT_BYTES = 4
 SPLIT_SUBMIT_MIN = 16
 SUBMIT_EVERY = 32
 MIN_BUFFER = 16
+PROFILE_MODES = ("each", "whole", "marginal")   # execute_profiled's ways to time
 
 
 @dataclass
@@ -469,28 +470,49 @@ class WebGpuExecutor:
             _regrid(b.payload.grid_sites[key], d, grid or (0, 0))
         return bytes(block)
 
-    def execute_profiled(self, inputs: list, whole: bool = False) -> tuple:
-        """(outputs, [("entry [op]", seconds)], clock): each dispatch in its own compute pass,
-        timed by GPU timestamp queries ("gpu") or, without them, by waiting on each ("wall").
-        With `whole`, every dispatch goes in one compute pass, as execute encodes them, and the
-        one entry is that pass's GPU time: a pass per dispatch adds its own start-up and drain
-        to each, which a small kernel's time can be mostly made of."""
+    def execute_profiled(self, inputs: list, mode: str = "each") -> tuple:
+        """(outputs, [("entry [op]", seconds)], clock), timed by GPU timestamp queries ("gpu")
+        or, without them, by waiting on each dispatch ("wall"). `mode`:
+          "each":     each dispatch in its own compute pass, its own time;
+          "whole":    every dispatch in one pass, as execute encodes them, one entry: a pass
+                      per dispatch adds its start-up and drain to each, which a small kernel's
+                      time can be mostly made of;
+          "marginal": pass k holds the first k dispatches, and entry k is what the k-th adds
+                      to one pass (pass k's time less pass k - 1's). It replays dispatches, so
+                      it suits programs whose dispatches may run again (a cache write at one
+                      position may; an in-place accumulation may not)."""
+        if mode not in PROFILE_MODES:
+            raise InputError(f"execute_profiled mode: expected one of {PROFILE_MODES}, "
+                                f"got {mode!r}")
+        if mode == "marginal" and self.graph.state_updates:
+            raise InputError(f"execute_profiled mode 'marginal' replays dispatches: expected a "
+                             f"program without state, got {len(self.graph.state_updates)} "
+                             f"state updates")
         b = self.plan.binding_for(inputs)
         attrs_now = self._upload(b, inputs)
         plan = [item for item in b.payload.dispatches if item[1][0]]   # (0, 0): none now
         if not self._gpu.has_timestamps or len(b.payload.parts) > 1:
             return self._wall_profiled(b, inputs, attrs_now)
-        passes = [plan] if whole else [[item] for item in plan]
-        labels = ([f"whole pass [{len(plan)} dispatches]"] if whole
-                  else [f"{d.spec.entry} [{d.op}]" for d, _ in plan])
-        outs, ticks = self._stamped(b, passes)
+        labels = [f"{d.spec.entry} [{d.op}]" for d, _ in plan]
+        if mode == "whole":
+            passes, labels = [plan], [f"whole pass [{len(plan)} dispatches]"]
+        elif mode == "marginal":
+            passes, labels = [plan[:k + 1] for k in range(len(plan))], [f"+{x}" for x in labels]
+        else:
+            passes = [[item] for item in plan]
+        outs, ticks = self._stamped(b, passes, inputs if mode == "marginal" else None)
         # WebGPU timestamps are nanoseconds
-        times = [(lab, float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9) for i, lab in enumerate(labels)]
-        return outs, times, "gpu"
+        spans = [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(len(passes))]
+        if mode == "marginal":
+            spans = [t - (spans[i - 1] if i else 0.0) for i, t in enumerate(spans)]
+        return outs, list(zip(labels, spans)), "gpu"
 
-    def _stamped(self, b, passes: list) -> tuple:
+    def _stamped(self, b, passes: list, replay_inputs=None) -> tuple:
         """Run `passes` (lists of dispatches), each a compute pass with begin and end
-        timestamps: (outputs, int64 tensor of the 2 stamps per pass)."""
+        timestamps: (outputs, int64 tensor of the 2 stamps per pass). With `replay_inputs`
+        each pass is a submit of its own after the inputs are uploaded again: a pass that
+        starts over from the inputs may find them overwritten by values the planner let
+        share their buffers."""
         import wgpu
 
         device = self._gpu.device
@@ -500,6 +522,10 @@ class WebGpuExecutor:
         try:
             encoder = device.create_command_encoder()
             for i, dispatches in enumerate(passes):
+                if replay_inputs is not None and i:
+                    self._gpu.queue.submit([encoder.finish()])
+                    self._upload(b, replay_inputs)
+                    encoder = device.create_command_encoder()
                 writes = {"query_set": queries, "beginning_of_pass_write_index": 2 * i,
                           "end_of_pass_write_index": 2 * i + 1}
                 self._encode(encoder.begin_compute_pass(timestamp_writes=writes), dispatches)
