@@ -1,16 +1,19 @@
 """Scaled dot-product attention (attention.wgsl): flash attention with flash-decoding splits.
 
-Prefill (`prefill`): one workgroup per (batch, kv head, tile of P_BR query rows), a thread per
-4 x 4 block of scores formed as outer products, K^T/V tiles of P_BC keys in workgroup memory
-with each thread's first loads fetched a phase ahead, online softmax, causal key tiles above
-the diagonal skipped; PREFILL_TILES in order, the first that fits the adapter's workgroup
-storage. Head dims where none fits (E = 256; E = 128 on 32 KiB) take `flash`, one row per
-thread group.
+Prefill (`prefill`): one workgroup per (batch, kv head, tile of P_BR query rows, split of the
+keys), a thread per 4 x 4 block of scores formed as outer products, K^T/V tiles of P_BC keys in
+workgroup memory with each thread's first loads fetched a phase ahead, online softmax, causal
+key tiles above the diagonal skipped; PREFILL_TILES in order, the first that fits the adapter's
+workgroup storage. Head dims where none fits (E = 256; E = 128 on 32 KiB) take `flash`, one row
+per thread group, in one split.
 Decode (`decode`, live L <= DECODE_L): one workgroup per (batch, kv head, RB query rows, split
-of the keys), one key per thread, so a short query keeps every lane busy; with several splits
-each writes an (m, l, acc) partial to scratch and `combine` merges them. Without executor
-scratch support decode takes one split. Which of the two runs is decided per execute by the
-live L; a graph whose L bound is at most DECODE_L builds only the decode kernel.
+of the keys), one key per thread, so a short query keeps every lane busy.
+Splits (key_splits): with several, each workgroup writes an (m, l, acc) partial per row to
+scratch and `combine` merges them. Decode aims at SPLIT_KEYS keys a split; prefill at
+PREFILL_SPLIT_KEYS in whole key tiles, so the few row tiles of a short prompt still fill the
+GPU, with its partials at most PREFILL_PARTIALS_BYTES. Without executor scratch support both
+take one split. Which kernel runs is decided per execute by the live L; a graph whose L bound
+is at most DECODE_L builds only the decode kernel.
 q_dims / k_dims / v_dims / out_dims (q, k and v read through a permutation, the output written
 through one, the head dim last in each): every entry finds a row of q, k, v and of the output
 by its element strides in the params, so the rows stay contiguous and vec4 loads stay.
@@ -31,7 +34,9 @@ MAX_HEAD = 256
 DIMS_PER_THREAD = 32      # a thread's q slice and accumulator slice stay in registers
 DEFAULT_WG_STORAGE = 16384
 DECODE_L = 8              # live query lengths up to this split the key range (flash-decoding)
-SPLIT_KEYS = 64           # aim of keys per split
+SPLIT_KEYS = 64           # aim of keys per decode split
+PREFILL_SPLIT_KEYS = 128  # aim of keys per prefill split (rounded up to whole key tiles)
+PREFILL_PARTIALS_BYTES = 64 << 20   # the most scratch the prefill partials grow to
 MAX_SPLITS = 64          # at most combine's lanes (attention.wgsl COMBINE_LANES)
 PARTIAL_FIELDS = 2        # (m, l) before each partial accumulator row
 DECODE_ROWS = 4           # query rows per decode workgroup (a GQA group of 4 at L = 1): the
@@ -161,14 +166,26 @@ def flash_tile(e: int, ev: int, storage_bytes: int) -> FlashTile:
                            f"bytes of workgroup memory, got E={e}, Ev={ev}")
 
 
-def key_splits(l: int, s: int, split: bool, bc: int = DECODE_CHUNK) -> tuple:
-    """(splits, keys per split, whole multiples of bc): decode rows split the keys; everything
-    else takes one pass."""
-    if not split or l > DECODE_L or s <= SPLIT_KEYS:
-        return 1, max(s, 1)
-    n = min(MAX_SPLITS, groups(s, SPLIT_KEYS))
-    per = groups(groups(s, n), bc) * bc
-    return groups(s, per), per
+def key_splits(l: int, keys: int, rows: int, ev: int, bc: int, held=None) -> tuple:
+    """(splits, keys per split) over `keys` keys for `rows` output rows of ev values, for the
+    kernel live L picks: decode (l <= DECODE_L) aims at SPLIT_KEYS keys a split in whole
+    chunks, prefill at PREFILL_SPLIT_KEYS in whole key tiles of bc (0: its kernel never
+    splits), so a split starts on a tile. `held`: bytes of scratch the partials may fill
+    (0: none bound, one pass); None while sizing the scratch."""
+    decode = l <= DECODE_L
+    aim, step = (SPLIT_KEYS, DECODE_CHUNK) if decode else (PREFILL_SPLIT_KEYS, bc)
+    n = min(MAX_SPLITS, groups(keys, aim)) if step else 1
+    if held is not None:
+        n = min(n, held // record_bytes(rows, ev, 1))
+    if n <= 1:
+        return 1, max(keys, 1)
+    per = groups(groups(keys, n), step) * step
+    return groups(keys, per), per
+
+
+def record_bytes(rows: int, ev: int, splits: int) -> int:
+    """Bytes of `splits` (m, l, acc) partials for each of `rows` rows."""
+    return max(rows, 1) * splits * (ev + PARTIAL_FIELDS) * 4
 
 
 def read_strides(ins, attrs) -> list:
@@ -190,14 +207,20 @@ def out_strides(stored, attrs) -> list:
     return strides
 
 
-def partials_bytes(ins, split: bool) -> int:
-    """Scratch for the decode partials at the upper-bound shapes, q, k and v as read (0 when
-    not split)."""
-    (b, hq, l, _), (_, _, s, ev) = ins[0], ins[2]
-    splits, _ = key_splits(min(l, DECODE_L), s, split)
-    if splits == 1:
+def partials_bytes(ins, split: bool, bc: int) -> int:
+    """Scratch for the partials at the upper-bound shapes, q, k and v as read (0 when not
+    split): the larger of decode's (L up to DECODE_L) and prefill's (the L bound, at most
+    PREFILL_PARTIALS_BYTES; a live prefill takes the splits that fit: key_splits' `held`)."""
+    if not split:
         return 0
-    return b * hq * min(l, DECODE_L) * splits * (ev + PARTIAL_FIELDS) * 4
+    (b, hq, l, _), (_, _, s, ev) = ins[0], ins[2]
+
+    def need(rows_l: int) -> int:
+        splits, _ = key_splits(rows_l, s, b * hq * rows_l, ev, bc)
+        return record_bytes(b * hq * rows_l, ev, splits) if splits > 1 else 0
+
+    decode = need(min(l, DECODE_L))
+    return max(decode, min(need(l), PREFILL_PARTIALS_BYTES)) if l > DECODE_L else decode
 
 
 @register_wgsl("sdpa")
@@ -210,7 +233,8 @@ def sdpa(ins, outs, attrs, info):
     tile = flash_tile(q[3], v[3], storage)
     dtile = DecodeTile(groups(q[3], 4), groups(v[3], 4))
     ptile = prefill_tile(q[3], v[3], storage)
-    scratch = partials_bytes([q, k, v, *ins[3:]], info.scratch)
+    pbc = ptile.bc if ptile else 0   # `flash` takes one split
+    scratch = partials_bytes([q, k, v, *ins[3:]], info.scratch, pbc)
     split = scratch > 0
     mask_kind = 0 if mask is None else (1 if info.in_dtypes[3] == torch.bool else 2)
 
@@ -222,7 +246,7 @@ def sdpa(ins, outs, attrs, info):
         mstrides = broadcast_strides(ins[3], (b, hq, l, s)) if mask is not None else [0] * 4
         n_rep = hq // hkv if hkv else 0
         keys = s if attrs.get("kv_len") is None else min(s, attrs["kv_len"])
-        splits, per = key_splits(l, keys, split) if l <= DECODE_L else (1, max(keys, 1))
+        splits, per = key_splits(l, keys, b * hq * l, ev, pbc, scratch)
         tiles = groups(n_rep * l, dtile.rb if l <= DECODE_L else (ptile or tile).br)
         packed = words(b, hq, hkv, l, s, e, ev, n_rep, scale, tiles, splits, per,
                        keys, attrs.get("causal_offset", 0), 0, 0, mstrides,

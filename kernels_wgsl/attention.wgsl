@@ -12,8 +12,10 @@
 // s <= l + causal_offset (torch's top-left tril at offset 0; a KV cache's rows at its write
 // position otherwise); a key tile wholly above a workgroup's last row is never loaded. Only
 // the first kv_len keys exist (the filled part of a cache).
-// Splits (flash-decoding): with p.splits > 1 the key range is cut into p.split_len slices, one
-// workgroup each, which write (m, l, acc) rows to `partials`; `combine` merges them.
+// Splits (flash-decoding, decode and prefill): with p.splits > 1 the key range is cut into
+// p.split_len slices, one workgroup each, which write (m, l, acc) rows to `partials`; `combine`
+// merges them. A split wholly above a tile's causal diagonal writes its rows as empty
+// (m = EXCLUDED, l = 0, acc = 0: weight 0 in `combine`).
 // NaN/Inf follow torch's eager CPU SDPA: a NaN or +inf score (NaN q/k, +inf mask) makes its
 // row NaN; a NaN v_j reaches every row whose tile holds key j (p_j * NaN, even for p_j = 0);
 // a fully masked row gives 0.
@@ -100,19 +102,24 @@ fn masked_score(dot: f32, sj: u32, k_end: u32, b: u32, h: u32, li: u32) -> f32 {
 
 struct Work { b: u32, hk: u32, tile: u32, split: u32 }
 
+// Work item of workgroup wg; a folded grid's spare workgroups get tile >= p.tiles.
 fn work_of(wg: u32) -> Work {
     let split = wg % p.splits;
     let rest = wg / p.splits;
-    // the last row tiles carry the most causal keys: start them first so short ones fill the tail
-    let tile = p.tiles - 1u - rest % p.tiles;
-    let bh = rest / p.tiles;
-    return Work(bh / p.hkv, bh % p.hkv, tile, split);
+    let heads = p.batch * p.hkv;
+    // the last row tiles carry the most causal keys: every head's last tile starts first (its
+    // splits side by side), then every head's next, so the short ones fill the tail
+    let tile = p.tiles - 1u - rest / heads;
+    return Work((rest % heads) / p.hkv, rest % p.hkv, tile, split);
 }
 
 @compute @workgroup_size(THREADS)
 fn flash(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) t: u32) {
     let w = work_of(wg_linear(wid, nwg));
+    if (w.tile >= p.tiles) {
+        return;
+    }
     let r = t / G;
     let g = t % G;
     let rows = p.n_rep * p.l;
@@ -257,9 +264,9 @@ fn write_partial(rec: u32, g: u32, acc: ptr<function, array<vec4<f32>, VEC>>, m:
 }
 
 // Prefill, register-blocked: a workgroup of P_T = (P_BR / 4) x (P_BC / 4) threads owns P_BR
-// query rows (Q staged once, transposed) and walks the keys in tiles of P_BC, K (transposed)
-// then V staged in one region. Thread (row quad rq, key quad ks) owns rows 4rq..4rq+3
-// throughout, as the 4 components of its vec4s:
+// query rows (Q staged once, transposed) and walks its split's keys (whole tiles) in tiles of
+// P_BC, K (transposed) then V staged in one region. Thread (row quad rq, key quad ks) owns rows
+// 4rq..4rq+3 throughout, as the 4 components of its vec4s:
 //   scores:  S[rows, keys 4ks..4ks+3] += q[:, d] k[d, :]^T over the head dims d, outer products
 //            of two vec4 loads (16 independent FMAs per d; dot products made a serial chain
 //            of 4 and left the GPU idle), scaled, biased and masked; the block's row maxima to
@@ -268,8 +275,9 @@ fn write_partial(rec: u32, g: u32, acc: ptr<function, array<vec4<f32>, VEC>>, m:
 //            running max m; p = e^(s - m) goes to p_pt [key][row quad] and into the thread's
 //            own partial row sums (V is staged meanwhile);
 //   values:  acc = acc e^(m_old - m) + P V over columns cg + jj*NKS (cg = ks).
-// The partial sums meet once, at the end. A NaN or +inf score enters the max as BAD, so the
-// row's max says the row is NaN. Every register block is named vec4s (Quad, Acc), never an
+// The partial sums meet once, at the end: the output, or with several splits the rows' (m, l,
+// acc) partials. A NaN or +inf score enters the max as BAD, so the row's max says the row is
+// NaN. Every register block is named vec4s (Quad, Acc), never an
 // indexed array: NVIDIA's compiler put those in local memory (1.85 ms at T = 512 on the H200).
 // The prelude defines P_BR, P_BC, P_T and P_OJ (value vec4s per thread and row, 1 to 4).
 
@@ -299,21 +307,29 @@ fn q_row(w: Work, row: u32) -> vec3<u32> {
 fn prefill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) t: u32) {
     let w = work_of(wg_linear(wid, nwg));
+    if (w.tile >= p.tiles) {
+        return;
+    }
     let rows = p.n_rep * p.l;
     let row0 = w.tile * P_BR;
+    let rq = t % RG;
+    let ks = t / RG;
+    let k_begin = w.split * p.split_len;   // a whole number of key tiles
+    var k_end = min(p.kv_len, k_begin + p.split_len);
+    if (CAUSAL) {
+        k_end = min(k_end, (min(rows, row0 + P_BR) - 1u) / p.n_rep + 1u + p.causal_offset);
+    }
+    if (k_begin >= k_end) {   // a split above the diagonal: no keys, weight 0 in combine
+        prefill_write(w, Acc(), vec4<f32>(EXCLUDED), vec4<f32>(0.0), rq, ks, row0, rows);
+        return;
+    }
     for (var i = t; i < P_BR * DE4; i = i + P_T) {
         let r = i % P_BR;
         let own = min(row0 + r, rows - 1u);   // rows past the end load a real row's q
         store_qt(i / P_BR, r, load_q(q_row(w, own).x, i / P_BR));
     }
-    var k_end = p.kv_len;
-    if (CAUSAL) {
-        k_end = min(k_end, (min(rows, row0 + P_BR) - 1u) / p.n_rep + 1u + p.causal_offset);
-    }
     let kb = kv_first(p.k_strides, w);
     let vb = kv_first(p.v_strides, w);
-    let rq = t % RG;
-    let ks = t / RG;
     // the 4 rows' (position, query head), clamped to real rows like their q
     let rows4 = min(vec4<u32>(row0 + 4u * rq) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(rows - 1u));
     let li = rows4 / p.n_rep;
@@ -323,8 +339,8 @@ fn prefill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     var acc = Acc();
     // a thread's first four loads of each stage are issued a phase ahead (K of the next tile
     // during this tile's values, V during its scores), so their latency hides behind FMAs
-    var k_ahead = fetch4(t, 0u, k_end, kb, false);
-    for (var s0 = 0u; s0 < k_end; s0 = s0 + P_BC) {
+    var k_ahead = fetch4(t, k_begin, k_end, kb, false);
+    for (var s0 = k_begin; s0 < k_end; s0 = s0 + P_BC) {
         workgroupBarrier();   // the previous tile's p and V readers are done
         stage_rows(t, s0, k_end, kb, false, k_ahead);
         let v_ahead = fetch4(t, s0, k_end, vb, true);
@@ -352,8 +368,7 @@ fn prefill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var g = 0u; g < NKS; g = g + 1u) {
         l = l + p_red[g * RG + rq];
     }
-    // a sum is never negative: -1 marks a NaN row
-    prefill_write(w, acc, select(l, vec4<f32>(-1.0), m >= vec4<f32>(BAD)), rq, ks, row0, rows);
+    prefill_write(w, acc, m, l, rq, ks, row0, rows);
 }
 
 // x, vec4 c of q row j, into Q^T: element e at [4c + e][j / 4][j % 4]
@@ -532,35 +547,31 @@ fn key_values(acc: Acc, j: u32, rq: u32, cg: u32) -> Acc {
     return a;
 }
 
-// l: the rows' sums (-1: a NaN row).
-fn prefill_write(w: Work, acc: Acc, l: vec4<f32>, rq: u32, cg: u32, row0: u32, rows: u32) {
-    write_quad(w, acc.c0, l, rq, cg, row0, rows);
+// The rows' outputs, or their (m, l, acc) partials when the keys are split (store_result);
+// m and l are the rows' maxima (>= BAD: a NaN row) and sums.
+fn prefill_write(w: Work, acc: Acc, m: vec4<f32>, l: vec4<f32>, rq: u32, cg: u32, row0: u32,
+                 rows: u32) {
+    write_quad(w, acc.c0, m, l, rq, cg, row0, rows);
     if (P_OJ > 1u) {
-        write_quad(w, acc.c1, l, rq, cg + NKS, row0, rows);
+        write_quad(w, acc.c1, m, l, rq, cg + NKS, row0, rows);
     }
     if (P_OJ > 2u) {
-        write_quad(w, acc.c2, l, rq, cg + 2u * NKS, row0, rows);
+        write_quad(w, acc.c2, m, l, rq, cg + 2u * NKS, row0, rows);
     }
     if (P_OJ > 3u) {
-        write_quad(w, acc.c3, l, rq, cg + 3u * NKS, row0, rows);
+        write_quad(w, acc.c3, m, l, rq, cg + 3u * NKS, row0, rows);
     }
 }
 
-// Column vec4 c of rows 4rq..4rq+3, normalised by each row's sum.
-fn write_quad(w: Work, a: Quad, l: vec4<f32>, rq: u32, c: u32, row0: u32, rows: u32) {
+// Column vec4 c of rows 4rq..4rq+3 (those below `rows`).
+fn write_quad(w: Work, a: Quad, m: vec4<f32>, l: vec4<f32>, rq: u32, c: u32, row0: u32,
+              rows: u32) {
     if (c < DV4) {
-        write_row(w, a.r0, l.x, rq * 4u, c, row0, rows);
-        write_row(w, a.r1, l.y, rq * 4u + 1u, c, row0, rows);
-        write_row(w, a.r2, l.z, rq * 4u + 2u, c, row0, rows);
-        write_row(w, a.r3, l.w, rq * 4u + 3u, c, row0, rows);
-    }
-}
-
-fn write_row(w: Work, v: vec4<f32>, l: f32, r: u32, c: u32, row0: u32, rows: u32) {
-    if (row0 + r < rows) {
-        let inv = select(1.0 / l, 1.0, l == 0.0);   // a fully masked row keeps acc (0 or NaN)
-        let o = select(v * inv, vec4<f32>(f32_nan()), l < 0.0);
-        store_row(true, row_at(q_row(w, row0 + r).x, p.out_strides), c, o);
+        let r = row0 + rq * 4u;
+        store_result(w, c, r < rows, q_row(w, r).x, m.x, l.x, a.r0);
+        store_result(w, c, r + 1u < rows, q_row(w, r + 1u).x, m.y, l.y, a.r1);
+        store_result(w, c, r + 2u < rows, q_row(w, r + 2u).x, m.z, l.z, a.r2);
+        store_result(w, c, r + 3u < rows, q_row(w, r + 3u).x, m.w, l.w, a.r3);
     }
 }
 
@@ -589,6 +600,9 @@ var<workgroup> d_l: array<vec4<f32>, KG>;             // [kg]: the rows' sums at
 fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
     let w = work_of(wg_linear(wid, nwg));
+    if (w.tile >= p.tiles) {
+        return;
+    }
     let rows = p.n_rep * p.l;
     // rows past the end repeat a real row
     let own = min(vec4<u32>(w.tile * RB) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(rows - 1u));
@@ -728,14 +742,15 @@ fn decode_finish(w: Work, c: u32, kg: u32, rows: u32, orow: vec4<u32>, m: vec4<f
         l = l + d_l[g];
     }
     let r0 = w.tile * RB;
-    decode_store(w, c, r0 < rows, orow.x, m.x, l.x, a.r0);
-    decode_store(w, c, r0 + 1u < rows, orow.y, m.y, l.y, a.r1);
-    decode_store(w, c, r0 + 2u < rows, orow.z, m.z, l.z, a.r2);
-    decode_store(w, c, r0 + 3u < rows, orow.w, m.w, l.w, a.r3);
+    store_result(w, c, r0 < rows, orow.x, m.x, l.x, a.r0);
+    store_result(w, c, r0 + 1u < rows, orow.y, m.y, l.y, a.r1);
+    store_result(w, c, r0 + 2u < rows, orow.z, m.z, l.z, a.r2);
+    store_result(w, c, r0 + 3u < rows, orow.w, m.w, l.w, a.r3);
 }
 
-// One live row's column slot c: the output (one split) or its (m, l, acc) partial.
-fn decode_store(w: Work, c: u32, live: bool, orow: u32, m: f32, l: f32, a: vec4<f32>) {
+// One live row's column slot c (decode and prefill): the output normalised by l (one split), or
+// its (m, l, acc) partial, column slot 0 writing m and l.
+fn store_result(w: Work, c: u32, live: bool, orow: u32, m: f32, l: f32, a: vec4<f32>) {
     if (!live) {
         return;
     }

@@ -2,10 +2,12 @@
 
 Prefill and the one-pass decode run through the WebGPU executor. The flash-decoding split path
 needs scratch operands (Dispatch.scratch), so `run_split` binds them itself, as the executor
-is asked to: one buffer per scratch operand, numbered after the outputs. q_dims / k_dims /
-v_dims / out_dims (q, k and v read through a permutation, the output written through one) are
-checked against the reference computed on the permuted copies, and k and v's against the
-kernel's own result on those copies bit for bit."""
+is asked to: one buffer per scratch operand, numbered after the outputs; the prefill split
+tests shrink PREFILL_SPLIT_KEYS to one key tile, so small prime shapes run several splits, and
+check that they did (`launches`). q_dims / k_dims / v_dims / out_dims (q, k and v read through
+a permutation, the output written through one) are checked against the reference computed on
+the permuted copies, and k and v's against the kernel's own result on those copies bit for
+bit."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,8 +32,27 @@ def qkv(b, hq, hkv, l, s, e, ev=None):
     return rand(b, hq, l, e), rand(b, hkv, s, e), rand(b, hkv, s, ev or e)
 
 
+def build_split(ins, attrs):
+    """(the sdpa builder's dispatches with scratch bound, input shapes, output shape)."""
+    from kernels_wgsl.device import get_device
+
+    shapes = [None if t is None else tuple(t.shape) for t in ins]
+    out_shape, = get_op("sdpa").infer(shapes, attrs)
+    dtypes = tuple(None if t is None else t.dtype for t in ins)
+    specs = kernels_wgsl.get_kernel("sdpa").build(
+        shapes, [out_shape], attrs, kernels_wgsl.BuildInfo(get_device(), dtypes, scratch=True))
+    return specs, shapes, out_shape
+
+
+def launches(ins, attrs) -> dict:
+    """{entry: workgroups} of the dispatches run_split launches at these shapes."""
+    specs, shapes, out_shape = build_split(ins, attrs)
+    counts = {s.entry: s.sizes(shapes, [out_shape], attrs)[1] for s in specs}
+    return {entry: n for entry, n in counts.items() if n}
+
+
 def run_split(ins, attrs):
-    """Run the sdpa builder's dispatches with its scratch bound (the split decode path)."""
+    """Run the sdpa builder's dispatches with its scratch bound (the split path)."""
     import wgpu
 
     from kernels_wgsl.device import get_device
@@ -39,11 +60,7 @@ def run_split(ins, attrs):
     gpu = get_device()
     ins32 = [None if t is None else (t.float() if t.is_floating_point() else t.to(torch.int32))
              for t in ins]
-    shapes = [None if t is None else tuple(t.shape) for t in ins32]
-    out_shape, = get_op("sdpa").infer(shapes, attrs)
-    dtypes = tuple(None if t is None else t.dtype for t in ins)
-    specs = kernels_wgsl.get_kernel("sdpa").build(
-        shapes, [out_shape], attrs, kernels_wgsl.BuildInfo(gpu, dtypes, scratch=True))
+    specs, shapes, out_shape = build_split(ins, attrs)
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     dev = gpu.device
 
@@ -97,10 +114,31 @@ def test_tile_fits_default_limits(e):
 
 def test_split_scratch_is_sized_for_the_upper_bounds():
     shapes = [(1, 8, 1, 64), (1, 2, 2048, 64), (1, 2, 2048, 64), None]
-    splits, per = attention.key_splits(1, 2048, True)
+    splits, per = attention.key_splits(1, 2048, 8, 64, 32)
     assert splits * per >= 2048 and (splits - 1) * per < 2048
     assert per % attention.DECODE_CHUNK == 0
-    assert attention.partials_bytes(shapes, True) == 8 * splits * (64 + 2) * 4
+    assert attention.partials_bytes(shapes, True, 32) == 8 * splits * (64 + 2) * 4
+
+
+@pytest.mark.parametrize("keys", [33, 130, 512, 2048, 9000])
+def test_prefill_splits_start_on_key_tiles_and_cover_the_keys(keys):
+    splits, per = attention.key_splits(512, keys, 32 * 512, 64, 32)
+    assert (per % 32 == 0 or splits == 1) and splits <= attention.MAX_SPLITS
+    assert splits * per >= keys and (splits - 1) * per < keys
+    if keys == 512:
+        assert (splits, per) == (4, attention.PREFILL_SPLIT_KEYS)
+
+
+def test_prefill_scratch_is_capped_by_the_bound_and_the_live_splits_by_the_scratch():
+    """At an L bound of 2048 (32 heads, 16 splits of 128 keys) the prefill partials would be
+    277 MB: the scratch stops at PREFILL_PARTIALS_BYTES, and a live L takes the splits it holds
+    (4 at L = 512; 3 at 2048, 17 MB a split)."""
+    shapes = [(1, 32, 2048, 64), (1, 32, 2048, 64), (1, 32, 2048, 64), None]
+    scratch = attention.partials_bytes(shapes, True, 32)
+    assert scratch == attention.PREFILL_PARTIALS_BYTES
+    assert attention.key_splits(512, 512, 32 * 512, 64, 32, scratch)[0] == 4
+    assert attention.key_splits(2048, 2048, 32 * 2048, 64, 32, scratch)[0] == 3
+    assert attention.key_splits(512, 512, 32 * 512, 64, 32, 0)[0] == 1   # no scratch bound
 
 
 # ---- prefill ----------------------------------------------------------------------------------
@@ -194,6 +232,148 @@ def test_the_dispatches_sharing_a_params_slot_pack_the_same_params():
     for l in (1, 5, 8, 9, 64):
         live = [(1, 8, l, 64)] + ins[1:]
         assert len({s.sizes(live, outs, attrs)[0] for s in specs}) == 1
+
+
+# ---- prefill split over the keys (flash-decoding's partials and combine) ---------------------
+SPLIT_AT = 32   # keys per prefill split here: one key tile (every PREFILL_TILES' P_BC)
+
+
+@pytest.fixture
+def split_prefill(monkeypatch):
+    """Prefill splits every SPLIT_AT keys, so small shapes run several splits."""
+    monkeypatch.setattr(attention, "PREFILL_SPLIT_KEYS", SPLIT_AT)
+
+
+def split_prefill_run(ins, attrs):
+    """The split prefill's result, after checking that it runs several splits and combines."""
+    assert sorted(launches(ins, attrs)) == ["combine", "prefill"]
+    return run_split(ins, attrs)[0]
+
+
+@pytest.mark.usefixtures("split_prefill")
+@pytest.mark.parametrize("e", [5, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_prefill_over_prime_lengths(e, causal):
+    """Ragged rows and keys; causal, the first row tile's last splits lie above its diagonal."""
+    for l, s in ((11, 67), (67, 130), (130, 67)):
+        q, k, v = qkv(1, 2, 2, l, s, e)
+        check(split_prefill_run([q, k, v, None], sdpa_attrs(causal=causal)),
+              reference(q, k, v, causal=causal))
+
+
+def test_prefill_splits_a_model_shaped_prompt_at_the_default_split_keys():
+    """Llama-shaped GQA (8 query heads on 2, d = 64), a causal prompt of 257 tokens: 3 splits
+    of PREFILL_SPLIT_KEYS or fewer keys, through the executor and run_split."""
+    q, k, v = qkv(1, 8, 2, 257, 257, 64)
+    attrs = sdpa_attrs(causal=True, gqa=True)
+    assert sorted(launches([q, k, v, None], attrs)) == ["combine", "prefill"]
+    for got in both_paths([q, k, v, None], attrs):
+        check(got, reference(q, k, v, causal=True, gqa=True))
+
+
+@pytest.mark.usefixtures("split_prefill")
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_prefill_grouped_query_heads(causal):
+    q, k, v = qkv(2, 8, 2, 37, 101, 64, ev=29)
+    got = split_prefill_run([q, k, v, None], sdpa_attrs(causal=causal, gqa=True))
+    check(got, reference(q, k, v, causal=causal, gqa=True))
+
+
+@pytest.mark.usefixtures("split_prefill")
+def test_split_prefill_reads_a_cache_window_at_the_causal_offset():
+    """A cache of 300 rows filled to 150, 20 queries at 130..149: both the executor and the
+    run_split path."""
+    q, k, v = qkv(1, 8, 2, 20, 300, 64)
+    attrs = {**sdpa_attrs(causal=True, gqa=True), "kv_len": 150, "causal_offset": 130}
+    keep = torch.ones(20, 150, dtype=torch.bool).tril(130)
+    want = reference(q, k[:, :, :150], v[:, :, :150], mask=keep, gqa=True)
+    assert sorted(launches([q, k, v, None], attrs)) == ["combine", "prefill"]
+    for got in both_paths([q, k, v, None], attrs):
+        check(got, want)
+
+
+@pytest.mark.usefixtures("split_prefill")
+def test_split_prefill_with_bool_and_float_masks():
+    q, k, v = qkv(2, 3, 3, 31, 67, 8)
+    bmask = torch.rand(1, 3, 31, 67) > 0.5
+    bmask[..., 40] = True
+    check(split_prefill_run([q, k, v, bmask], sdpa_attrs()), reference(q, k, v, bmask))
+    fmask = rand(1, 1, 31, 67)
+    check(split_prefill_run([q, k, v, fmask], sdpa_attrs()), reference(q, k, v, fmask))
+
+
+@pytest.mark.usefixtures("split_prefill")
+def test_split_prefill_fully_masked_row_is_zero():
+    q, k, v = qkv(1, 2, 2, 13, 97, 8)
+    mask = torch.ones(13, 97, dtype=torch.bool)
+    mask[5] = False
+    want = reference(q, k, v, mask)
+    got = split_prefill_run([q, k, v, mask], sdpa_attrs())
+    assert torch.equal(got[0, :, 5], torch.zeros(2, 8))
+    check(got, want)
+
+
+@pytest.mark.usefixtures("split_prefill")
+def test_split_prefill_rows_with_every_score_far_below_zero():
+    """Scores of -128 and less (e^s underflows f32): a split above a tile's diagonal must weigh
+    0 in combine however small its rows' real maxima are."""
+    q, k, v = qkv(1, 2, 2, 67, 130, 8)
+    q, k = -(q.abs() + 1), k.abs() + 1
+    attrs = sdpa_attrs(causal=True, scale=16.0)
+    check(split_prefill_run([q, k, v, None], attrs), reference(q, k, v, causal=True, scale=16.0))
+
+
+def split_nan_cases():
+    q, k, v = qkv(1, 2, 2, 67, 130, 8)
+    nq = q.clone()
+    nq[0, 0, 9, 2] = float("nan")          # one query row NaN
+    nk = k.clone()
+    nk[0, 1, 50, 0] = float("nan")         # a NaN key in the second split (causal: rows >= 50)
+    nv = v.clone()
+    nv[0, 0, 100, 3] = float("nan")        # a NaN value in the fourth split (causal: none)
+    nv0 = v.clone()
+    nv0[0, 0, 40, 3] = float("nan")        # causal: every row of a tile holding key 40
+    inf_mask = torch.zeros(67, 130, dtype=torch.float64)
+    inf_mask[20, 100] = float("inf")       # +inf bias: row NaN
+    return [([nq, k, v, None], {}), ([q, nk, v, None], {}), ([q, k, nv, None], {}),
+            ([q, k, nv0, None], {"causal": True}), ([q, nk, v, None], {"causal": True}),
+            ([q, k, v, inf_mask], {})]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_split_prefill_places_nan_as_the_one_pass_kernel(monkeypatch, case):
+    ins, kw = split_nan_cases()[case]
+    whole = run_split(ins, sdpa_attrs(**kw))[0]
+    monkeypatch.setattr(attention, "PREFILL_SPLIT_KEYS", SPLIT_AT)
+    got = split_prefill_run(ins, sdpa_attrs(**kw))
+    assert whole.isnan().any() and torch.equal(got.isnan(), whole.isnan())
+    check(got, whole)
+
+
+@pytest.mark.usefixtures("split_prefill")
+@pytest.mark.parametrize("held", [2, 1])
+def test_split_prefill_takes_the_splits_its_partials_bound_holds(monkeypatch, held):
+    """PREFILL_PARTIALS_BYTES room for `held` splits' partials: 5 splits of 130 keys clamp to
+    `held` (1: one pass, no combine), still correct."""
+    q, k, v = qkv(1, 2, 2, 67, 130, 8)
+    attrs = sdpa_attrs(causal=True)
+    bound = attention.record_bytes(2 * 67, 8, held + 1) - 4
+    monkeypatch.setattr(attention, "PREFILL_PARTIALS_BYTES", bound)
+    monkeypatch.setattr(attention, "PREFILL_SPLIT_KEYS", 1 << 20)
+    one_pass = launches([q, k, v, None], attrs)["prefill"]
+    monkeypatch.setattr(attention, "PREFILL_SPLIT_KEYS", SPLIT_AT)
+    ran = launches([q, k, v, None], attrs)
+    assert ran["prefill"] == held * one_pass and ("combine" in ran) == (held > 1)
+    check(run_split([q, k, v, None], attrs)[0], reference(q, k, v, causal=True))
+
+
+@pytest.mark.usefixtures("split_prefill")
+def test_the_flash_fallback_takes_one_split(monkeypatch):
+    monkeypatch.setattr(attention, "PREFILL_TILES", ())
+    q, k, v = qkv(1, 2, 2, 67, 130, 8)
+    assert sorted(launches([q, k, v, None], sdpa_attrs(causal=True))) == ["flash"]
+    check(run_split([q, k, v, None], sdpa_attrs(causal=True))[0],
+          reference(q, k, v, causal=True))
 
 
 # ---- decode -----------------------------------------------------------------------------------
