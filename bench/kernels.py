@@ -74,6 +74,8 @@ class SdpaCase:
 
 CASES = [
     SdpaCase("prefill causal T=512 32/32 heads d=64", 32, 32, 512, 512, 64, True),
+    SdpaCase("prefill causal T=512 32/32 heads d=64 one pass", 32, 32, 512, 512, 64, True,
+             split=False),
     SdpaCase("prefill causal T=512 32/8 heads d=64", 32, 8, 512, 512, 64, True),
     SdpaCase("decode S=2048 32/8 heads d=64 split", 32, 8, 1, 2048, 64, False),
     SdpaCase("decode S=2048 32/8 heads d=64 one pass", 32, 8, 1, 2048, 64, False, split=False),
