@@ -37,6 +37,11 @@ DECODE_L = 8              # live query lengths up to this split the key range (f
 SPLIT_KEYS = 64           # aim of keys per decode split
 PREFILL_SPLIT_KEYS = 128  # aim of keys per prefill split (rounded up to whole key tiles)
 PREFILL_PARTIALS_BYTES = 64 << 20   # the most scratch the prefill partials grow to
+# Prefill splits only a grid of fewer unsplit workgroups than this (two per SM of a 132-SM
+# H100/H200). H100, bench/kernels.py, causal T=512, 32 heads, d=64: the 256-workgroup grid
+# unsplit 9.17 TF/s, in 4 splits (+ combine) 5.74; with every head's last tile first the
+# causal tiles' unequal lengths already even out over a grid this size.
+PREFILL_MIN_GRID = 256
 MAX_SPLITS = 64          # at most combine's lanes (attention.wgsl COMBINE_LANES)
 PARTIAL_FIELDS = 2        # (m, l) before each partial accumulator row
 DECODE_ROWS = 4           # query rows per decode workgroup (a GQA group of 4 at L = 1): the
@@ -166,15 +171,18 @@ def flash_tile(e: int, ev: int, storage_bytes: int) -> FlashTile:
                            f"bytes of workgroup memory, got E={e}, Ev={ev}")
 
 
-def key_splits(l: int, keys: int, rows: int, ev: int, bc: int, held=None) -> tuple:
+def key_splits(l: int, keys: int, rows: int, ev: int, bc: int, held=None, grid: int = 0) -> tuple:
     """(splits, keys per split) over `keys` keys for `rows` output rows of ev values, for the
     kernel live L picks: decode (l <= DECODE_L) aims at SPLIT_KEYS keys a split in whole
     chunks, prefill at PREFILL_SPLIT_KEYS in whole key tiles of bc (0: its kernel never
-    splits), so a split starts on a tile. `held`: bytes of scratch the partials may fill
+    splits), so a split starts on a tile, and only as far as a grid of `grid` unsplit
+    workgroups falls short of PREFILL_MIN_GRID. `held`: bytes of scratch the partials may fill
     (0: none bound, one pass); None while sizing the scratch."""
     decode = l <= DECODE_L
     aim, step = (SPLIT_KEYS, DECODE_CHUNK) if decode else (PREFILL_SPLIT_KEYS, bc)
     n = min(MAX_SPLITS, groups(keys, aim)) if step else 1
+    if not decode:
+        n = min(n, groups(PREFILL_MIN_GRID, max(grid, 1)))
     if held is not None:
         n = min(n, held // record_bytes(rows, ev, 1))
     if n <= 1:
@@ -207,20 +215,37 @@ def out_strides(stored, attrs) -> list:
     return strides
 
 
-def partials_bytes(ins, split: bool, bc: int) -> int:
+def partials_bytes(ins, split: bool, bc: int, br: int) -> int:
     """Scratch for the partials at the upper-bound shapes, q, k and v as read (0 when not
-    split): the larger of decode's (L up to DECODE_L) and prefill's (the L bound, at most
-    PREFILL_PARTIALS_BYTES; a live prefill takes the splits that fit: key_splits' `held`)."""
+    split): the larger of decode's (L up to DECODE_L) and the most any prefill L up to the
+    bound takes (prefill_bytes), at most PREFILL_PARTIALS_BYTES (a live prefill takes the
+    splits that fit: key_splits' `held`)."""
     if not split:
         return 0
-    (b, hq, l, _), (_, _, s, ev) = ins[0], ins[2]
+    (b, hq, l, _), (_, hkv, s, ev) = ins[0], ins[2]
+    rows = b * hq * min(l, DECODE_L)
+    splits, _ = key_splits(min(l, DECODE_L), s, rows, ev, bc)
+    decode = record_bytes(rows, ev, splits) if splits > 1 else 0
+    if l <= DECODE_L or not bc:
+        return decode
+    return max(decode, min(prefill_bytes(b, hq, hkv, l, s, ev, bc, br), PREFILL_PARTIALS_BYTES))
 
-    def need(rows_l: int) -> int:
-        splits, _ = key_splits(rows_l, s, b * hq * rows_l, ev, bc)
-        return record_bytes(b * hq * rows_l, ev, splits) if splits > 1 else 0
 
-    decode = need(min(l, DECODE_L))
-    return max(decode, min(need(l), PREFILL_PARTIALS_BYTES)) if l > DECODE_L else decode
+def prefill_bytes(b: int, hq: int, hkv: int, l_bound: int, s: int, ev: int, bc: int,
+                  br: int) -> int:
+    """The most partials a prefill of L in (DECODE_L, l_bound] writes over s keys: for each
+    count of row tiles, at the longest L with that many (the most rows), until the unsplit
+    grid reaches PREFILL_MIN_GRID and no L splits."""
+    n_rep, most = max(hq // max(hkv, 1), 1), 0
+    for tiles in range(1, groups(n_rep * l_bound, br) + 1):
+        l = min(l_bound, tiles * br // n_rep)
+        grid = b * hkv * groups(n_rep * l, br)
+        if grid >= PREFILL_MIN_GRID:
+            break
+        if l > DECODE_L:
+            splits, _ = key_splits(l, s, b * hq * l, ev, bc, grid=grid)
+            most = max(most, record_bytes(b * hq * l, ev, splits) if splits > 1 else 0)
+    return most
 
 
 @register_wgsl("sdpa")
@@ -234,7 +259,8 @@ def sdpa(ins, outs, attrs, info):
     dtile = DecodeTile(groups(q[3], 4), groups(v[3], 4))
     ptile = prefill_tile(q[3], v[3], storage)
     pbc = ptile.bc if ptile else 0   # `flash` takes one split
-    scratch = partials_bytes([q, k, v, *ins[3:]], info.scratch, pbc)
+    pbr = ptile.br if ptile else tile.br
+    scratch = partials_bytes([q, k, v, *ins[3:]], info.scratch, pbc, pbr)
     split = scratch > 0
     mask_kind = 0 if mask is None else (1 if info.in_dtypes[3] == torch.bool else 2)
 
@@ -246,8 +272,8 @@ def sdpa(ins, outs, attrs, info):
         mstrides = broadcast_strides(ins[3], (b, hq, l, s)) if mask is not None else [0] * 4
         n_rep = hq // hkv if hkv else 0
         keys = s if attrs.get("kv_len") is None else min(s, attrs["kv_len"])
-        splits, per = key_splits(l, keys, b * hq * l, ev, pbc, scratch)
-        tiles = groups(n_rep * l, dtile.rb if l <= DECODE_L else (ptile or tile).br)
+        tiles = groups(n_rep * l, dtile.rb if l <= DECODE_L else pbr)
+        splits, per = key_splits(l, keys, b * hq * l, ev, pbc, scratch, b * hkv * tiles)
         packed = words(b, hq, hkv, l, s, e, ev, n_rep, scale, tiles, splits, per,
                        keys, attrs.get("causal_offset", 0), 0, 0, mstrides,
                        read_strides(ins, attrs), out_strides(outs[0], attrs))

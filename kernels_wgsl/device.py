@@ -170,7 +170,7 @@ class NativeMap:
         self._map_async, self._poll = lib.wgpuBufferMapAsync, lib.wgpuDevicePoll
         self._range, self._unmap = lib.wgpuBufferGetConstMappedRange, lib.wgpuBufferUnmap
         self._read, self._success = lib.WGPUMapMode_Read, lib.WGPUMapAsyncStatus_Success
-        self.spin_s = MAP_SPIN_S
+        self.spin_s = 0.0   # native_map() sets the adapter's
         self._callback = ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
                                       self._done)
         self._info = ffi.new("WGPUBufferMapCallbackInfo *")
@@ -211,19 +211,32 @@ class NativeMap:
 
 
 MAP_POLLS = 100
-# Seconds a readback polls without waiting before it blocks (ETWGPU_MAP_SPIN_US, microseconds).
-MAP_SPIN_S = float(os.environ.get("ETWGPU_MAP_SPIN_US", "0")) * 1e-6
+# Microseconds a readback polls without waiting before it blocks, on a GPU adapter (a software
+# adapter computes on the CPU cores a spin would take from it: 0 there). ETWGPU_MAP_SPIN_US
+# sets it for every adapter. H100, bench/readback_probe.py --floor: 8 KiB copied, submitted
+# and read back in 50.8 us min (54.1 median) spinning against 60.5 (80.7) blocking at once,
+# and the Llama-shaped layer's T=1 execute in 270.9 us min (280.3) against 314.0 (329.0).
+MAP_SPIN_US = 1000.0
 
 
-def native_map(device):
+def map_spin_s(software: bool) -> float:
+    env = os.environ.get("ETWGPU_MAP_SPIN_US")
+    if env is not None:
+        return float(env) * 1e-6
+    return 0.0 if software else MAP_SPIN_US * 1e-6
+
+
+def native_map(device, software: bool = False):
     """NativeMap, or None when wgpu-py's native backend does not expose its calls or
     ETWGPU_CHECKED_ENCODE=1 asks for wgpu-py's own calls."""
     if os.environ.get("ETWGPU_CHECKED_ENCODE") == "1":
         return None
     try:
-        return NativeMap(device)
+        native = NativeMap(device)
     except (ImportError, AttributeError):   # another wgpu-py backend or layout
         return None
+    native.spin_s = map_spin_s(software)
+    return native
 
 
 @dataclass
@@ -345,9 +358,11 @@ def _open(adapter) -> GpuDevice:
     except Exception as e:
         raise DeviceError(f"WebGPU device on {_describe_adapter(adapter)}: expected one, "
                           f"got {type(e).__name__}: {e}") from e
+    software = software_adapter(adapter)
     gpu = GpuDevice(adapter, device, _describe_adapter(adapter), "shader-f16" in features,
-                    "timestamp-query" in features, dict(device.limits), software_adapter(adapter),
-                    has_subgroups="subgroup" in features, _native_map=native_map(device))
+                    "timestamp-query" in features, dict(device.limits), software,
+                    has_subgroups="subgroup" in features,
+                    _native_map=native_map(device, software))
     log.info("etwgpu: webgpu adapter %s; features %s; max buffer %d MiB, binding %d MiB",
              gpu.name, features or "none", limits.get("max-buffer-size", 0) >> 20,
              limits.get("max-storage-buffer-binding-size", 0) >> 20)

@@ -117,7 +117,7 @@ def test_split_scratch_is_sized_for_the_upper_bounds():
     splits, per = attention.key_splits(1, 2048, 8, 64, 32)
     assert splits * per >= 2048 and (splits - 1) * per < 2048
     assert per % attention.DECODE_CHUNK == 0
-    assert attention.partials_bytes(shapes, True, 32) == 8 * splits * (64 + 2) * 4
+    assert attention.partials_bytes(shapes, True, 32, 64) == 8 * splits * (64 + 2) * 4
 
 
 @pytest.mark.parametrize("keys", [33, 130, 512, 2048, 9000])
@@ -129,16 +129,28 @@ def test_prefill_splits_start_on_key_tiles_and_cover_the_keys(keys):
         assert (splits, per) == (4, attention.PREFILL_SPLIT_KEYS)
 
 
-def test_prefill_scratch_is_capped_by_the_bound_and_the_live_splits_by_the_scratch():
-    """At an L bound of 2048 (32 heads, 16 splits of 128 keys) the prefill partials would be
-    277 MB: the scratch stops at PREFILL_PARTIALS_BYTES, and a live L takes the splits it holds
-    (4 at L = 512; 3 at 2048, 17 MB a split)."""
+def test_prefill_splits_only_a_grid_short_of_the_gpu_and_the_scratch_holds_every_l():
+    """Causal self-attention, 32 heads, d = 64, L bound 2048, tiles of 64 rows: from L = 449
+    (8 row tiles, a grid of 256 = PREFILL_MIN_GRID) nothing splits; below, as far as the grid
+    falls short (L = 448: 224 workgroups, 2 splits; L = 64: 32, 8). The scratch is the most any
+    L takes (L = 448's 2 x 14336 rows), far below what 16 splits at L = 2048 would need."""
     shapes = [(1, 32, 2048, 64), (1, 32, 2048, 64), (1, 32, 2048, 64), None]
-    scratch = attention.partials_bytes(shapes, True, 32)
+    scratch = attention.partials_bytes(shapes, True, 32, 64)
+    assert scratch == attention.record_bytes(32 * 448, 64, 2)
+    assert attention.key_splits(512, 512, 32 * 512, 64, 32, scratch, grid=256)[0] == 1
+    assert attention.key_splits(2048, 2048, 32 * 2048, 64, 32, scratch, grid=1024)[0] == 1
+    assert attention.key_splits(448, 448, 32 * 448, 64, 32, scratch, grid=224)[0] == 2
+    assert attention.key_splits(64, 2048, 32 * 64, 64, 32, scratch, grid=32)[0] == 8
+    assert attention.key_splits(64, 2048, 32 * 64, 64, 32, 0, grid=32)[0] == 1   # no scratch
+
+
+def test_prefill_scratch_stops_at_its_bound(monkeypatch):
+    # a grid that never fills (PREFILL_MIN_GRID raised): 16 splits at L = 2048 would be 277 MB
+    monkeypatch.setattr(attention, "PREFILL_MIN_GRID", 1 << 20)
+    shapes = [(1, 32, 2048, 64), (1, 32, 2048, 64), (1, 32, 2048, 64), None]
+    scratch = attention.partials_bytes(shapes, True, 32, 64)
     assert scratch == attention.PREFILL_PARTIALS_BYTES
-    assert attention.key_splits(512, 512, 32 * 512, 64, 32, scratch)[0] == 4
-    assert attention.key_splits(2048, 2048, 32 * 2048, 64, 32, scratch)[0] == 3
-    assert attention.key_splits(512, 512, 32 * 512, 64, 32, 0)[0] == 1   # no scratch bound
+    assert attention.key_splits(2048, 2048, 32 * 2048, 64, 32, scratch, grid=1024)[0] == 3
 
 
 # ---- prefill ----------------------------------------------------------------------------------

@@ -147,6 +147,17 @@ def test_native_map_reads_what_wgpu_pys_map_sync_reads(monkeypatch):
             assert torch.equal(got, synced), way
 
 
+def test_readbacks_spin_on_a_gpu_and_block_at_once_on_a_software_adapter(monkeypatch):
+    monkeypatch.delenv("ETWGPU_MAP_SPIN_US", raising=False)
+    assert wgsl_device.map_spin_s(software=True) == 0.0
+    assert wgsl_device.map_spin_s(software=False) == wgsl_device.MAP_SPIN_US * 1e-6
+    monkeypatch.setenv("ETWGPU_MAP_SPIN_US", "250")
+    assert wgsl_device.map_spin_s(software=True) == wgsl_device.map_spin_s(False) == 250e-6
+    gpu = wgsl_device.get_device()
+    expected = 0.0 if gpu.software else wgsl_device.MAP_SPIN_US * 1e-6   # CI: lavapipe, 0
+    assert gpu._native_map.spin_s == expected
+
+
 def test_a_refused_native_map_raises_device_error_and_leaves_the_buffer_usable():
     import numpy as np
     import wgpu
