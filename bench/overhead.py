@@ -363,8 +363,29 @@ def submit_split(args) -> list:
     return rows
 
 
+def host_profile(args) -> list:
+    """cProfile of the Llama-shaped layer's execute at T=1: each function's own time per
+    execute, the top 12 (what the wall beyond the GPU is made of)."""
+    import cProfile
+    import pstats
+
+    prog, m = load(llama_layer(args.small), "webgpu")
+    x = torch.randn(1, 1, 256 if args.small else 2048)
+    warm_gpu(m, x)
+    runs, prof = 300, cProfile.Profile()
+    prof.enable()
+    for _ in range(runs):
+        m.execute([x])
+    prof.disable()
+    prog.destroy()
+    stats = pstats.Stats(prof).stats   # (file, line, name) -> (calls, _, own s, cumulative s, _)
+    top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:12]
+    return [(f"  T=1 own time: {name} ({file.rsplit('/', 1)[-1]}:{line})", own / runs * 1e6,
+             "µs/execute") for (file, line, name), (_, _, own, _, _) in top]
+
+
 CASES = {"one_op": one_op, "chain": chain, "block": block, "llama": llama, "params": params,
-         "submit_split": submit_split}
+         "submit_split": submit_split, "host_profile": host_profile}
 
 
 def main(argv=None) -> int:

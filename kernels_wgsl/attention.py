@@ -86,7 +86,7 @@ class DecodeTile:
 
 
 # (rows, keys), the most work per barrier first; a tile's threads are (rows / 4) x (keys / 4)
-PREFILL_TILES = ((64, 32), (32, 32), (16, 32))
+PREFILL_TILES = ((64, 32), (32, 64), (16, 128), (32, 32), (16, 64), (64, 16), (16, 32))
 UNUSED_TILE = (16, 32)    # the prefill arrays' sizes in a module whose prefill never runs
 
 

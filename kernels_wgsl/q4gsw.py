@@ -214,7 +214,12 @@ GEMV_COLS, GEMV_UNROLLS = (4, 8, 16), (1, 2, 4)
 GEMV_WORDS = 2
 GEMV_LANE_CHUNKS = 4                      # lanes = K / (8 * words * this), a power of 2 ...
 GEMV_MIN_LANES, GEMV_MAX_LANES = 32, 256  # ... within these (256: WebGPU's default limit)
-GEMV_WIDE_N = 8192                        # 8 columns per workgroup from this N, else 4
+# Columns and unrolling, from the same sweep at the routed w2 l32 (K = 2048): 4 columns with
+# every chunk of a lane in one loop step up to the FFN's N (N = 8192: 8.12 us against 10.52
+# for c8 u4; N = 16384: 11.99 against 13.20), 8 columns a step at a time from this N on
+# (N = 128256, the LM head: 59.99 us against 65.69 for c8 u4 and 63.93 for c4 u4), where
+# the grid alone keeps loads enough in flight. No N between 16384 and 128256 was measured.
+GEMV_WIDE_N = 65536
 
 
 @dataclass(frozen=True)
@@ -283,12 +288,15 @@ def gemv_layout(k: int, gpu) -> tuple:
 
 
 def gemv_config(k: int, n: int, gpu, subgroups: bool) -> GemvConfig:
-    """The routed GEMV: the layout of K, 4 or 8 columns by N, as many chunks per loop step as
-    a lane has (up to 4); fewer columns where workgroup memory is short (no bit changes)."""
+    """The routed GEMV: the layout of K; below GEMV_WIDE_N 4 columns and as many chunks per
+    loop step as a lane has (up to 4), from it 8 columns a chunk a step; fewer columns where
+    workgroup memory is short (no bit changes)."""
     words, lanes = gemv_layout(k, gpu)
     per_lane = groups(k // (8 * words), lanes)
     unroll = max(u for u in GEMV_UNROLLS if u <= max(1, per_lane))
-    cols = 8 if n >= GEMV_WIDE_N else 4
+    cols = 4
+    if n >= GEMV_WIDE_N:
+        cols, unroll = 8, 1
     config = GemvConfig(words, lanes, cols, unroll)
     while not config.fits(gpu, subgroups) and config.cols > 4:
         config = GemvConfig(words, lanes, config.cols // 2, unroll)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels_wgsl
+import kernels_wgsl.device
 from delegate.ops import get_op
 from kernels_wgsl import attention
 from tests.test_kernels_wgsl import rand, run_wgsl, sdpa_attrs

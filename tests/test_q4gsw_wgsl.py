@@ -408,6 +408,18 @@ def test_gemv_lanes_grow_with_k(k, lanes):
     assert (config.words, config.lanes) == (2, lanes)
 
 
+# The same sweep's schedules at K = 2048 (the comment at GEMV_WIDE_N): c4 u4 up to the FFN,
+# c8 u1 for the LM head.
+@pytest.mark.parametrize("n,cols,unroll", [(2048, 4, 4), (3072, 4, 4), (8192, 4, 4),
+                                           (16384, 4, 4), (128256, 8, 1)])
+def test_gemv_schedule_follows_the_h200_sweep(n, cols, unroll):
+    gpu = SimpleNamespace(limits={"max-compute-invocations-per-workgroup": 1024,
+                                  "max-compute-workgroup-size-x": 1024,
+                                  "max-compute-workgroup-storage-size": 49152})
+    config = wq.gemv_config(2048, n, gpu, True)
+    assert (config.words, config.lanes, config.cols, config.unroll) == (2, 32, cols, unroll)
+
+
 @pytest.mark.parametrize("subgroups", [False, True])
 def test_routed_gemv_fits_webgpus_default_limits(subgroups):
     gpu = SimpleNamespace(limits={"max-compute-invocations-per-workgroup": 256,
