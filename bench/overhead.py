@@ -384,8 +384,50 @@ def host_profile(args) -> list:
              "µs/execute") for (file, line, name), (_, _, own, _, _) in top]
 
 
+def encode_parts(args) -> list:
+    """Where the host time of encoding the T=1 layer goes: an empty encoder's create, pass and
+    finish; the pass calls of its dispatches; their finish (wgpu records to the driver there);
+    a submit of the finished buffer, each timed alone (min of batches)."""
+    prog, m = load(llama_layer(args.small), "webgpu")
+    (_, ex), = m.delegates
+    x = torch.randn(1, 1, 256 if args.small else 2048)
+    m.execute([x])
+    plan, gpu = ex.plan.binding_for([x]).payload.dispatches, ex._gpu
+    device, queue = gpu.device, gpu.queue
+
+    def empty():
+        enc = device.create_command_encoder()
+        enc.begin_compute_pass().end()
+        queue.submit([enc.finish()])   # submitted: a finished buffer never submitted leaks
+
+    def timed_parts(runs: int = 200) -> tuple:
+        calls = finish = submit = float("inf")
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            enc = device.create_command_encoder()
+            ex._encode(enc.begin_compute_pass(), plan)
+            t1 = time.perf_counter()
+            cmd = enc.finish()
+            t2 = time.perf_counter()
+            queue.submit([cmd])
+            t3 = time.perf_counter()
+            calls, finish, submit = min(calls, t1 - t0), min(finish, t2 - t1), min(submit, t3 - t2)
+        queue.read_buffer(ex._dummy)
+        return calls * 1e6, finish * 1e6, submit * 1e6
+
+    base = min_us(empty, 50)
+    calls, finish, submit = timed_parts()
+    prog.destroy()
+    n = len(plan)
+    return [(f"T=1 encode parts ({n} dispatches): empty encoder + pass + submit", base, "µs"),
+            ("  encoder + pass calls", calls, "µs"), ("  finish", finish, "µs"),
+            ("  submit", submit, "µs"), ("  per dispatch (calls + finish) / n", (calls + finish) / n,
+                                         "µs")]
+
+
 CASES = {"one_op": one_op, "chain": chain, "block": block, "llama": llama, "params": params,
-         "submit_split": submit_split, "host_profile": host_profile}
+         "submit_split": submit_split, "host_profile": host_profile,
+         "encode_parts": encode_parts}
 
 
 def main(argv=None) -> int:
