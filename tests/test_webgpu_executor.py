@@ -93,6 +93,36 @@ def block_reference(weights, x):
     return torch.softmax(up @ w["w_down"].T, -1)
 
 
+@pytest.mark.parametrize("ahead", [False, True])
+def test_encoding_ahead_submits_the_next_execute_of_a_binding_bit_for_bit(ahead):
+    """With encode_ahead, an execute of the binding encoded ahead submits that encoder: the
+    same bits as encoding it then, on new inputs each time; another binding between encodes
+    its own, and the encoder left unfinished frees everything it holds at destroy."""
+    graph, weights = dynamic_block()
+    settle()
+    before = live_wgpu_objects()["native"]
+    ex, plain = WebGpuExecutor(graph, weights), WebGpuExecutor(graph, weights)
+    ex.encode_ahead, plain.encode_ahead = ahead, False
+    try:
+        seqs = (3, 3, 3, 16, 3, 16, 16, 1)
+        for seq in seqs:
+            x = torch.randn(seq, 32)
+            got, = ex.execute([x])
+            assert torch.equal(got, plain.execute([x])[0])
+            torch.testing.assert_close(got, block_reference(weights, x.double()).float(),
+                                       **tol("model", "webgpu"))
+        # a binding repeated right after itself: 3 x 3, 1 x 16
+        assert ex.ahead_submits == (3 if ahead else 0) and plain.ahead_submits == 0
+    finally:
+        ex.destroy()
+        plain.destroy()
+    del ex, plain
+    settle()
+    after = live_wgpu_objects()["native"]
+    assert (after["Buffer"], after["BindGroup"], after["CommandBuffer"]) == \
+        (before["Buffer"], before["BindGroup"], before["CommandBuffer"])
+
+
 def test_dynamic_shapes_rewrite_params_per_execute():
     graph, weights = dynamic_block()
     ex = WebGpuExecutor(graph, weights)

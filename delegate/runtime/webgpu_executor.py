@@ -15,6 +15,7 @@ as u32 0/1, converted on the host when uploaded and when read back.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +48,12 @@ ELEMENT_BYTES = 4
 # pieces of 32: 120.8 tok/s, 64: 114.3, 128: 96.1, 256: 75.5, one piece: 83.6.
 SPLIT_SUBMIT_MIN = 16
 SUBMIT_EVERY = 32
+# ETWGPU_ENCODE_AHEAD=1: an execute encodes the pass calls of the next execute of its binding
+# right after it submits, while the GPU runs, into an encoder left unfinished; the next execute
+# of that binding only finishes and submits it. Unfinished, because wgpu-native 29 frees a
+# dropped encoder but leaks a finished command buffer that is never submitted (about 90 KB
+# each: 60,000 took RSS to 5.7 GB here), and a binding may not come back.
+ENCODE_AHEAD_ENV = "ETWGPU_ENCODE_AHEAD"
 MIN_BUFFER = 16
 PROFILE_MODES = ("each", "whole", "marginal")   # execute_profiled's ways to time
 
@@ -75,6 +82,8 @@ class Replay:
                           # symbols: first twins only (their twins share the params slots)
     grid_sites: dict      # key -> [(list, index)] of it and its twins in dispatches and parts
     parts: list           # dispatch lists and CpuRuns in node order ([dispatches] without any)
+    regrids: int = 0      # how often an offset moved a grid: an encoder encoded ahead holds
+                          # the grids of the count it was encoded at
 
 
 @dataclass
@@ -125,6 +134,9 @@ class WebGpuExecutor:
         self._steps: list = []        # per IR node: its BoundDispatches
         self._params_now = None       # the binding whose params block was last uploaded
         self._prefix_now = b""        # and its offset-dependent prefix
+        self.encode_ahead = os.environ.get(ENCODE_AHEAD_ENV) == "1"
+        self._ahead = None            # (binding, its regrids, unfinished encoder)
+        self.ahead_submits = 0        # executes that submitted an encoder encoded ahead
         self.transfers = Transfers()
         try:
             self.plan = GraphPlan(graph, self._replay)
@@ -420,6 +432,26 @@ class WebGpuExecutor:
         """Run the graph; `outputs` as for CpuExecutor.execute."""
         b = self.plan.binding_for(inputs)
         attrs_now = self._upload(b, inputs)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[:2] == (b, b.payload.regrids):
+            self._gpu.queue.submit([ahead[2].finish()])
+            self.ahead_submits += 1
+        else:
+            self._encode_and_submit(b, inputs, attrs_now)
+        if self.encode_ahead and len(b.payload.parts) == 1:   # no CPU fallback between
+            self._ahead = (b, b.payload.regrids, self._encode_whole(b))
+        return self._read(b, outputs)
+
+    def _encode_whole(self, b):
+        """b's dispatches in one pass and its copies, in an encoder left unfinished."""
+        encoder = self._gpu.device.create_command_encoder()
+        self._encode(encoder.begin_compute_pass(), b.payload.parts[0])
+        self._encode_copies(encoder, b)
+        return encoder
+
+    def _encode_and_submit(self, b, inputs: list, attrs_now: dict) -> None:
+        """Encode b's parts and submit them: a long dispatch list in pieces, each submitted as
+        soon as it is encoded so the GPU starts on it, with CPU fallback runs between."""
         encoder = self._gpu.device.create_command_encoder()
         for part in b.payload.parts:
             if not isinstance(part, list):   # nodes with no WGSL kernel: run them on the CPU
@@ -431,7 +463,8 @@ class WebGpuExecutor:
                 self._gpu.queue.submit([encoder.finish()])
                 encoder = self._gpu.device.create_command_encoder()
             self._encode(encoder.begin_compute_pass(), last)
-        return self._finish(encoder, b, outputs)
+        self._encode_copies(encoder, b)
+        self._gpu.queue.submit([encoder.finish()])
 
     def _upload(self, b, inputs: list) -> dict:
         """The inputs nodes read, and the params: the whole block when the binding changed,
@@ -467,7 +500,7 @@ class WebGpuExecutor:
             attrs = attrs_now[i]
             ins = [None if v == -1 else b.live[v] for v in st.inputs]
             grid = self._write_params(d, block, ins, [b.live[v] for v in st.outputs], attrs, st)
-            _regrid(b.payload.grid_sites[key], d, grid or (0, 0))
+            b.payload.regrids += _regrid(b.payload.grid_sites[key], grid or (0, 0))
         return bytes(block)
 
     def execute_profiled(self, inputs: list, mode: str = "each") -> tuple:
@@ -600,16 +633,25 @@ class WebGpuExecutor:
     def _finish(self, encoder, b, outputs) -> list:
         """Copy the live output bytes to the readback buffer, submit, and read them straight
         into the output tensors (the caller's when given)."""
-        r = b.payload
+        self._encode_copies(encoder, b)
+        self._gpu.queue.submit([encoder.finish()])
+        return self._read(b, outputs)
+
+    def _encode_copies(self, encoder, b) -> None:
+        """The state copies and the copies of b's live output bytes into the readback buffer."""
         for value, state in self._state_copies:   # states whose new value lives elsewhere
             nbytes = kernels_wgsl.numel(self.graph.values[state].max_shape) * ELEMENT_BYTES
             if nbytes:
                 encoder.copy_buffer_to_buffer(self._buffer_of(value), 0, self._states[state], 0,
                                               nbytes)
-        for _, src, off, size in r.reads:
+        for _, src, off, size in b.payload.reads:
             if size:
                 encoder.copy_buffer_to_buffer(src, 0, self._readback, off, size)
-        self._gpu.queue.submit([encoder.finish()])
+
+    def _read(self, b, outputs) -> list:
+        """Wait for the submitted execute and read the live output bytes straight into the
+        output tensors (the caller's when given)."""
+        r = b.payload
         results = []
         for j, vid in enumerate(self.graph.outputs):
             dtype = self.graph.values[vid].dtype
@@ -664,6 +706,7 @@ class WebGpuExecutor:
             self._gpu.release_pipeline(key)
         self._pipeline_keys = []
         self._steps = []
+        self._ahead = None
         self.plan = None
         self._slots, self._weights, self._states, self._loc = [], {}, {}, {}
         self._readback = self._dummy = self._dummy_rw = self._params_buffer = None
@@ -671,13 +714,16 @@ class WebGpuExecutor:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def _regrid(sites: list, d: BoundDispatch, grid: tuple) -> None:
+def _regrid(sites: list, grid: tuple) -> bool:
     """Set the grid of a dynamic dispatch and its twins' where this execute's offsets moved
-    it (the binding's lists hold the last execute's grids; (0, 0) encodes nothing)."""
+    it (the binding's lists hold the last execute's grids; (0, 0) encodes nothing); True when
+    it moved."""
     lst, k = sites[0]
-    if lst[k][1] != grid:
-        for lst, k in sites:
-            lst[k] = (lst[k][0], grid)
+    if lst[k][1] == grid:
+        return False
+    for lst, k in sites:
+        lst[k] = (lst[k][0], grid)
+    return True
 
 
 def _same_dispatches(a: list, b: list) -> bool:
