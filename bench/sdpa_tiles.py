@@ -4,14 +4,15 @@
 
 - prefill: each PREFILL_TILES entry (rows, keys) that fits the adapter, forced alone, on the
   causal T=512 prefills of bench/kernels.py (32/32 and 32/8 heads, d=64) and T=2048 32/8;
-- decode: SPLIT_KEYS (keys per flash-decoding split) by DECODE_V_STEP (V loads in flight) on
-  the S=2048 decode, 32/8 heads.
+- decode: SPLIT_KEYS (keys per flash-decoding split) on the S=2048 decode, 32/8 heads.
 Each figure is GPU timestamps (min over the timer's runs) and is checked against torch's SDPA.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
+
 from bench.kernels import CASES, SdpaCase, time_ours
 from bench.q4gsw import Gpu
 from kernels_wgsl import attention
@@ -20,7 +21,6 @@ PREFILL_CASES = [CASES[1], CASES[2],
                  SdpaCase("prefill causal T=2048 32/8 heads d=64", 32, 8, 2048, 2048, 64, True)]
 DECODE_CASE = CASES[3]
 SPLIT_KEYS = (32, 64, 128, 256)
-V_STEPS = (4, 8, 16)
 
 
 def prefill_rows(gpu: Gpu, reps: int) -> None:
@@ -45,19 +45,14 @@ def prefill_rows(gpu: Gpu, reps: int) -> None:
 
 
 def decode_rows(gpu: Gpu, reps: int) -> None:
-    print(f"decode {DECODE_CASE.name}: µs by SPLIT_KEYS (routed {attention.SPLIT_KEYS}) and "
-          f"DECODE_V_STEP (routed {attention.DECODE_V_STEP})")
-    routed = attention.SPLIT_KEYS, attention.DECODE_V_STEP
-    print(f"{'split keys':>10} " + " ".join(f"{f'V step {v}':>10}" for v in V_STEPS))
+    print(f"decode {DECODE_CASE.name}: SPLIT_KEYS (routed now {attention.SPLIT_KEYS}); µs")
+    routed = attention.SPLIT_KEYS
     for keys in SPLIT_KEYS:
-        attention.SPLIT_KEYS, times = keys, []
-        for step in V_STEPS:
-            attention.DECODE_V_STEP = step
-            t_ts, t_wall, labels = time_ours(gpu, DECODE_CASE, reps)
-            times.append((t_ts if t_ts is not None else t_wall) * 1e6)
-        print(f"{keys:>10} " + " ".join(f"{t:>10.2f}" for t in times) + f"  {labels}",
+        attention.SPLIT_KEYS = keys
+        t_ts, t_wall, labels = time_ours(gpu, replace(DECODE_CASE), reps)
+        print(f"{keys:>10} {(t_ts if t_ts is not None else t_wall) * 1e6:>10.2f}  {labels}",
               flush=True)
-    attention.SPLIT_KEYS, attention.DECODE_V_STEP = routed
+    attention.SPLIT_KEYS = routed
 
 
 def main(argv=None) -> int:

@@ -47,8 +47,6 @@ PARTIAL_FIELDS = 2        # (m, l) before each partial accumulator row
 DECODE_ROWS = 4           # query rows per decode workgroup (a GQA group of 4 at L = 1): the
                           # kernel holds them as the 4 components of vec4s, so exactly 4
 DECODE_CHUNK = 64         # decode threads, keys per chunk
-DECODE_V_STEP = 4         # a decode thread's V loads in flight at once: 4, 8 or 16 (at most
-                          # its key group's keys, rounded up to 4)
 
 
 @dataclass(frozen=True)
@@ -75,24 +73,16 @@ class DecodeTile:
     dv4: int     # vec4s of a v row
     rb: int = DECODE_ROWS
     chunk: int = DECODE_CHUNK
-    v_step: int = DECODE_V_STEP
 
     @property
     def cw(self) -> int:
         """Column slots: the value row's vec4s rounded up to a power of 2 dividing the chunk."""
         return min(self.chunk, 1 << max(0, self.dv4 - 1).bit_length())
 
-    @property
-    def kpg(self) -> int:
-        """Keys per key group: the chunk's keys over its chunk / cw groups."""
-        return self.cw
-
     def prelude(self) -> str:
-        step = min(self.v_step, max(4, self.kpg))
         return "\n".join(f"const {n}: u32 = {x}u;" for n, x in
                          (("RB", self.rb), ("DE4", self.de4), ("DV4", self.dv4), ("CW", self.cw),
-                          ("KG", self.chunk // self.cw), ("CHUNK", self.chunk),
-                          ("V_STEP", step)))
+                          ("KG", self.chunk // self.cw), ("CHUNK", self.chunk)))
 
 
 # (rows, keys), the most work per barrier first; a tile's threads are (rows / 4) x (keys / 4)
@@ -266,7 +256,7 @@ def sdpa(ins, outs, attrs, info):
                                f"got E={q[3]}, Ev={v[3]}")
     storage = info.gpu.limits.get("max-compute-workgroup-storage-size", DEFAULT_WG_STORAGE)
     tile = flash_tile(q[3], v[3], storage)
-    dtile = DecodeTile(groups(q[3], 4), groups(v[3], 4), v_step=DECODE_V_STEP)
+    dtile = DecodeTile(groups(q[3], 4), groups(v[3], 4))
     ptile = prefill_tile(q[3], v[3], storage)
     pbc = ptile.bc if ptile else 0   # `flash` takes one split
     pbr = ptile.br if ptile else tile.br

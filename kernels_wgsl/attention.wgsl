@@ -643,30 +643,17 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         total = total * rescale;
         m = m_new;
         if (c < DV4) {
-            // V_STEP keys of this group a step (4, 8 or 16), their loads all in flight before
-            // the first is used; keys in order, so every V_STEP gives the same bits
-            for (var jj = 0u; jj < KPG; jj = jj + V_STEP) {
-                let j = s0 + kg * KPG + jj;
+            for (var jj = 0u; jj < KPG; jj = jj + 4u) {
+                let j = s0 + kg * KPG + jj;   // keys j .. j+3 of this group, loads in flight
                 let last = min(s0 + kg * KPG + KPG, k_end);
-                let v0 = decode_v4(vb, j, last, c);
-                var v1 = Quad();
-                var v2 = Quad();
-                var v3 = Quad();
-                if (V_STEP >= 8u) {
-                    v1 = decode_v4(vb, j + 4u, last, c);
-                }
-                if (V_STEP >= 16u) {
-                    v2 = decode_v4(vb, j + 8u, last, c);
-                    v3 = decode_v4(vb, j + 12u, last, c);
-                }
-                acc = decode_pv4(acc, &total, j, last, v0);
-                if (V_STEP >= 8u) {
-                    acc = decode_pv4(acc, &total, j + 4u, last, v1);
-                }
-                if (V_STEP >= 16u) {
-                    acc = decode_pv4(acc, &total, j + 8u, last, v2);
-                    acc = decode_pv4(acc, &total, j + 12u, last, v3);
-                }
+                let v0 = decode_v(vb, j, last, c);
+                let v1 = decode_v(vb, j + 1u, last, c);
+                let v2 = decode_v(vb, j + 2u, last, c);
+                let v3 = decode_v(vb, j + 3u, last, c);
+                acc = decode_pv(acc, &total, j, last, v0);
+                acc = decode_pv(acc, &total, j + 1u, last, v1);
+                acc = decode_pv(acc, &total, j + 2u, last, v2);
+                acc = decode_pv(acc, &total, j + 3u, last, v3);
             }
         }
     }
@@ -717,18 +704,6 @@ fn decode_scores(sj: u32, t: u32, k_end: u32, kb: u32, b: u32, hh: vec4<u32>,
 fn decode_v(vb: u32, sj: u32, last: u32, c: u32) -> vec4<f32> {
     let v = load_v(vb + min(sj, last - 1u) * p.v_strides.z, c);
     return select(vec4<f32>(0.0), v, sj < last);
-}
-
-// Column slot c of keys sj .. sj+3 (decode_v each).
-fn decode_v4(vb: u32, sj: u32, last: u32, c: u32) -> Quad {
-    return Quad(decode_v(vb, sj, last, c), decode_v(vb, sj + 1u, last, c),
-                decode_v(vb, sj + 2u, last, c), decode_v(vb, sj + 3u, last, c));
-}
-
-// decode_pv for keys sj .. sj+3, in order.
-fn decode_pv4(acc: Quad, total: ptr<function, vec4<f32>>, sj: u32, last: u32, v: Quad) -> Quad {
-    let a = decode_pv(decode_pv(acc, total, sj, last, v.r0), total, sj + 1u, last, v.r1);
-    return decode_pv(decode_pv(a, total, sj + 2u, last, v.r2), total, sj + 3u, last, v.r3);
 }
 
 // acc + p_sj v_sj for the 4 rows, and the rows' sums, for a key below `last`.

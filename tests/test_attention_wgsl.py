@@ -590,21 +590,3 @@ def test_webgpu_partitioner_leaves_head_dims_over_256_to_decomposition():
 
 def test_cpu_partitioner_claims_any_head_dim():
     assert keeps_sdpa_whole("cpu", attention.MAX_HEAD + 8)
-
-
-# ---- decode's V loads in flight (DECODE_V_STEP) ---------------------------------------------
-@pytest.mark.parametrize("e", [5, 64, 256])
-def test_every_decode_v_step_gives_the_same_bits(monkeypatch, e):
-    """4, 8 or 16 V loads in flight only schedule the loads: the keys meet the accumulators in
-    one order, so the bits match, split or not, over ragged keys and a partly filled cache."""
-    q, k, v = qkv(1, 8, 2, 1, 131, e)
-    cache = {**sdpa_attrs(causal=True, gqa=True), "kv_len": 77, "causal_offset": 76}
-    got = {}
-    for step in (4, 8, 16):
-        monkeypatch.setattr(attention, "DECODE_V_STEP", step)
-        got[step] = (*both_paths([q, k, v, None], sdpa_attrs(gqa=True)),
-                     run_split([q, k, v, None], cache)[0])
-    check(got[4][0], reference(q, k, v, gqa=True))
-    check(got[4][2], reference(q, k[:, :, :77], v[:, :, :77], gqa=True))
-    for step in (8, 16):
-        assert all(torch.equal(a, b) for a, b in zip(got[4], got[step])), step
