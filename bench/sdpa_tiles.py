@@ -2,8 +2,8 @@
 
     python -m bench.sdpa_tiles [--reps N]
 
-- prefill: each PREFILL_TILES entry (rows, keys) that fits the adapter, forced alone, on the
-  causal T=512 prefills of bench/kernels.py (32/32 and 32/8 heads, d=64) and T=2048 32/8;
+- prefill: each PREFILL_TILES entry and each of CANDIDATE_TILES (rows, keys) that fits the
+  adapter, forced alone, on the causal T=512 prefills of bench/kernels.py (32/32 and 32/8 heads, d=64) and T=2048 32/8;
 - decode: SPLIT_KEYS (keys per flash-decoding split) on the S=2048 decode, 32/8 heads.
 Each figure is GPU timestamps (min over the timer's runs) and is checked against torch's SDPA.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 
 from bench.kernels import CASES, SdpaCase, time_ours
 from bench.q4gsw import Gpu
@@ -21,6 +20,9 @@ PREFILL_CASES = [CASES[1], CASES[2],
                  SdpaCase("prefill causal T=2048 32/8 heads d=64", 32, 8, 2048, 2048, 64, True)]
 DECODE_CASE = CASES[3]
 SPLIT_KEYS = (32, 64, 128, 256)
+# tiles tried beside PREFILL_TILES: more keys a tile (fewer barriers a key, more threads), fewer
+# rows (more workgroups on the causal triangle)
+CANDIDATE_TILES = ((32, 64), (16, 128), (16, 64), (64, 16))
 
 
 def prefill_rows(gpu: Gpu, reps: int) -> None:
@@ -29,7 +31,7 @@ def prefill_rows(gpu: Gpu, reps: int) -> None:
     print(f"prefill tiles (rows, keys); routed now: {(routed.br, routed.bc)}; TF/s")
     print(f"{'tile':>10} {'threads':>8} " + " ".join(f"{c.name:>40}" for c in PREFILL_CASES))
     tiles = attention.PREFILL_TILES
-    for br, bc in tiles:
+    for br, bc in tiles + tuple(t for t in CANDIDATE_TILES if t not in tiles):
         attention.PREFILL_TILES = ((br, bc),)
         tile = attention.prefill_tile(64, 64, storage)
         if tile is None:
@@ -49,7 +51,7 @@ def decode_rows(gpu: Gpu, reps: int) -> None:
     routed = attention.SPLIT_KEYS
     for keys in SPLIT_KEYS:
         attention.SPLIT_KEYS = keys
-        t_ts, t_wall, labels = time_ours(gpu, replace(DECODE_CASE), reps)
+        t_ts, t_wall, labels = time_ours(gpu, DECODE_CASE, reps)
         print(f"{keys:>10} {(t_ts if t_ts is not None else t_wall) * 1e6:>10.2f}  {labels}",
               flush=True)
     attention.SPLIT_KEYS = routed

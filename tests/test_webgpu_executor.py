@@ -9,6 +9,7 @@ import torch
 from bench.load_destroy import block_graph, live_wgpu_objects, run, settle
 from delegate.errors import DelegateError, DeviceError, InputError, ShaderError
 from delegate.ir import Graph, Node, SymExpr, SymbolBinding, TensorValue
+from delegate.runtime import webgpu_executor
 from delegate.runtime.webgpu_executor import WebGpuExecutor
 from kernels_wgsl import device as wgsl_device
 from tests.test_kernels_wgsl import single_op_graph
@@ -93,15 +94,24 @@ def block_reference(weights, x):
     return torch.softmax(up @ w["w_down"].T, -1)
 
 
+@pytest.mark.parametrize("pieces", [False, True])
 @pytest.mark.parametrize("ahead", [False, True])
-def test_encoding_ahead_submits_the_next_execute_of_a_binding_bit_for_bit(ahead):
-    """With encode_ahead, an execute of the binding encoded ahead submits that encoder: the
-    same bits as encoding it then, on new inputs each time; another binding between encodes
-    its own, and the encoder left unfinished frees everything it holds at destroy."""
+def test_encoding_ahead_submits_the_next_execute_of_a_binding_bit_for_bit(monkeypatch, ahead,
+                                                                          pieces):
+    """With encode_ahead, an execute of the binding encoded ahead submits those encoders: the
+    same bits as encoding them then, on new inputs each time; another binding between encodes
+    its own, and the encoders left unfinished free everything they hold at destroy."""
+    if pieces:   # the block's dispatches in submits of one or two, encoded ahead alike
+        monkeypatch.setattr(webgpu_executor, "SPLIT_SUBMIT_MIN", 2)
+        monkeypatch.setattr(webgpu_executor, "SUBMIT_EVERY", 2)
     graph, weights = dynamic_block()
     settle()
     before = live_wgpu_objects()["native"]
     ex, plain = WebGpuExecutor(graph, weights), WebGpuExecutor(graph, weights)
+    if pieces:
+        binding = ex.plan.binding_for([torch.randn(3, 32)])
+        assert len(webgpu_executor._pieces(binding.payload.dispatches)) > 1
+        del binding   # it holds bind groups
     ex.encode_ahead, plain.encode_ahead = ahead, False
     try:
         seqs = (3, 3, 3, 16, 3, 16, 16, 1)

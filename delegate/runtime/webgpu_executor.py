@@ -48,11 +48,13 @@ ELEMENT_BYTES = 4
 # pieces of 32: 120.8 tok/s, 64: 114.3, 128: 96.1, 256: 75.5, one piece: 83.6.
 SPLIT_SUBMIT_MIN = 16
 SUBMIT_EVERY = 32
-# ETWGPU_ENCODE_AHEAD=1: an execute encodes the pass calls of the next execute of its binding
-# right after it submits, while the GPU runs, into an encoder left unfinished; the next execute
-# of that binding only finishes and submits it. Unfinished, because wgpu-native 29 frees a
-# dropped encoder but leaks a finished command buffer that is never submitted (about 90 KB
-# each: 60,000 took RSS to 5.7 GB here), and a binding may not come back.
+# Encoding ahead: an execute encodes the pass calls of the next execute of its binding right
+# after it submits, while the GPU runs, into encoders (its pieces) left unfinished; the next
+# execute of that binding only finishes and submits them, a piece at a time so the GPU starts
+# on the first. Unfinished, because wgpu-native 29 frees a dropped encoder but leaks a finished
+# command buffer that is never submitted (about 90 KB each: 60,000 took RSS to 5.7 GB here),
+# and a binding may not come back. H100, Llama-shaped layer (bench/overhead.py): T=1 wall
+# 224.7 -> 199.5 µs, T=512 3559 -> 3492 µs. ETWGPU_ENCODE_AHEAD=0 turns it off.
 ENCODE_AHEAD_ENV = "ETWGPU_ENCODE_AHEAD"
 MIN_BUFFER = 16
 PROFILE_MODES = ("each", "whole", "marginal")   # execute_profiled's ways to time
@@ -134,8 +136,8 @@ class WebGpuExecutor:
         self._steps: list = []        # per IR node: its BoundDispatches
         self._params_now = None       # the binding whose params block was last uploaded
         self._prefix_now = b""        # and its offset-dependent prefix
-        self.encode_ahead = os.environ.get(ENCODE_AHEAD_ENV) == "1"
-        self._ahead = None            # (binding, its regrids, unfinished encoder)
+        self.encode_ahead = os.environ.get(ENCODE_AHEAD_ENV, "1") != "0"
+        self._ahead = None            # (binding, its regrids, [unfinished encoder per piece])
         self.ahead_submits = 0        # executes that submitted an encoder encoded ahead
         self.transfers = Transfers()
         try:
@@ -434,20 +436,24 @@ class WebGpuExecutor:
         attrs_now = self._upload(b, inputs)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[:2] == (b, b.payload.regrids):
-            self._gpu.queue.submit([ahead[2].finish()])
+            for encoder in ahead[2]:
+                self._gpu.queue.submit([encoder.finish()])
             self.ahead_submits += 1
         else:
             self._encode_and_submit(b, inputs, attrs_now)
         if self.encode_ahead and len(b.payload.parts) == 1:   # no CPU fallback between
-            self._ahead = (b, b.payload.regrids, self._encode_whole(b))
+            self._ahead = (b, b.payload.regrids, self._encode_pieces(b))
         return self._read(b, outputs)
 
-    def _encode_whole(self, b):
-        """b's dispatches in one pass and its copies, in an encoder left unfinished."""
-        encoder = self._gpu.device.create_command_encoder()
-        self._encode(encoder.begin_compute_pass(), b.payload.parts[0])
-        self._encode_copies(encoder, b)
-        return encoder
+    def _encode_pieces(self, b) -> list:
+        """b's dispatches, an encoder per piece (_pieces), the last with the copies; each left
+        unfinished."""
+        encoders = []
+        for piece in _pieces(b.payload.parts[0]):
+            encoders.append(self._gpu.device.create_command_encoder())
+            self._encode(encoders[-1].begin_compute_pass(), piece)
+        self._encode_copies(encoders[-1], b)
+        return encoders
 
     def _encode_and_submit(self, b, inputs: list, attrs_now: dict) -> None:
         """Encode b's parts and submit them: a long dispatch list in pieces, each submitted as
