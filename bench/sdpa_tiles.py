@@ -3,7 +3,8 @@
     python -m bench.sdpa_tiles [--reps N]
 
 - prefill: each PREFILL_TILES entry and each of CANDIDATE_TILES (rows, keys) that fits the
-  adapter, forced alone, on the causal T=512 prefills of bench/kernels.py (32/32 and 32/8 heads, d=64) and T=2048 32/8;
+  adapter, forced alone, on the causal T=512 prefills of bench/kernels.py (32/32 and 32/8
+  heads, d=64) and T=2048 32/8;
 - decode: SPLIT_KEYS (keys per flash-decoding split) on the S=2048 decode, 32/8 heads.
 Each figure is GPU timestamps (min over the timer's runs) and is checked against torch's SDPA.
 """

@@ -193,6 +193,12 @@ def key_splits(l: int, keys: int, rows: int, ev: int, bc: int, held=None, grid: 
     return groups(keys, per), per
 
 
+def split_bytes(l: int, keys: int, rows: int, ev: int, bc: int, grid: int = 0) -> int:
+    """Bytes of the partials that key_splits gives live L (0 when it does not split)."""
+    splits, _ = key_splits(l, keys, rows, ev, bc, grid=grid)
+    return record_bytes(rows, ev, splits) if splits > 1 else 0
+
+
 def record_bytes(rows: int, ev: int, splits: int) -> int:
     """Bytes of `splits` (m, l, acc) partials for each of `rows` rows."""
     return max(rows, 1) * splits * (ev + PARTIAL_FIELDS) * 4
@@ -225,9 +231,7 @@ def partials_bytes(ins, split: bool, bc: int, br: int) -> int:
     if not split:
         return 0
     (b, hq, l, _), (_, hkv, s, ev) = ins[0], ins[2]
-    rows = b * hq * min(l, DECODE_L)
-    splits, _ = key_splits(min(l, DECODE_L), s, rows, ev, bc)
-    decode = record_bytes(rows, ev, splits) if splits > 1 else 0
+    decode = split_bytes(min(l, DECODE_L), s, b * hq * min(l, DECODE_L), ev, bc)
     if l <= DECODE_L or not bc:
         return decode
     return max(decode, min(prefill_bytes(b, hq, hkv, l, s, ev, bc, br), PREFILL_PARTIALS_BYTES))
@@ -245,8 +249,7 @@ def prefill_bytes(b: int, hq: int, hkv: int, l_bound: int, s: int, ev: int, bc: 
         if grid >= PREFILL_MIN_GRID:
             break
         if l > DECODE_L:
-            splits, _ = key_splits(l, s, b * hq * l, ev, bc, grid=grid)
-            most = max(most, record_bytes(b * hq * l, ev, splits) if splits > 1 else 0)
+            most = max(most, split_bytes(l, s, b * hq * l, ev, bc, grid))
     return most
 
 

@@ -121,7 +121,7 @@ def test_encoding_ahead_submits_the_next_execute_of_a_binding_bit_for_bit(monkey
             assert torch.equal(got, plain.execute([x])[0])
             torch.testing.assert_close(got, block_reference(weights, x.double()).float(),
                                        **tol("model", "webgpu"))
-        # a binding repeated right after itself: 3 x 3, 1 x 16
+        # a binding right after itself: twice at 3, once at 16
         assert ex.ahead_submits == (3 if ahead else 0) and plain.ahead_submits == 0
     finally:
         ex.destroy()
