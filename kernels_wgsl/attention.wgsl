@@ -587,6 +587,10 @@ fn write_quad(w: Work, a: Quad, m: vec4<f32>, l: vec4<f32>, rq: u32, c: u32, row
 // KG (key groups, KG * CW == CHUNK) and CHUNK (threads, keys per chunk).
 
 const KPG: u32 = CHUNK / KG;   // keys per key group
+// vec4s of a key row and keys of a group's values a thread loads ahead of a chunk's barriers
+const K_AHEAD: u32 = min(16u, 8u * ((DE4 + 7u) / 8u));
+const V_AHEAD: u32 = max(4u, min(KPG, 16u));
+alias Quad4 = Acc;   // four Quads: 16 consecutive vec4s of a row, or 16 keys' values
 
 // The RB = 4 rows live side by side in vec4s (component r: row r), and the accumulators are
 // named (Quad), never indexed arrays, which NVIDIA's compiler put in local memory.
@@ -625,8 +629,15 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     var total = vec4<f32>(0.0);
     var acc = Quad();
     for (var s0 = k_begin; s0 < k_end; s0 = s0 + CHUNK) {
+        // the chunk's key row and the first V_AHEAD values of the thread's key group are
+        // loaded before any barrier: they wait on memory together (with q on the first
+        // chunk), not one phase after another
+        let g0 = s0 + kg * KPG;
+        let last = min(g0 + KPG, k_end);
+        let kr = decode_k(s0 + t, k_end, kb);
+        let va = v_ahead(vb, g0, last, c);
         workgroupBarrier();   // q staged; the previous chunk's p readers are done
-        decode_scores(s0 + t, t, k_end, kb, w.b, hh, li);
+        decode_scores(s0 + t, t, k_end, kb, w.b, hh, li, kr);
         workgroupBarrier();
         for (var half = CHUNK / 2u; half > 0u; half = half / 2u) {
             if (t < half) {
@@ -643,17 +654,10 @@ fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         total = total * rescale;
         m = m_new;
         if (c < DV4) {
-            for (var jj = 0u; jj < KPG; jj = jj + 4u) {
-                let j = s0 + kg * KPG + jj;   // keys j .. j+3 of this group, loads in flight
-                let last = min(s0 + kg * KPG + KPG, k_end);
-                let v0 = decode_v(vb, j, last, c);
-                let v1 = decode_v(vb, j + 1u, last, c);
-                let v2 = decode_v(vb, j + 2u, last, c);
-                let v3 = decode_v(vb, j + 3u, last, c);
-                acc = decode_pv(acc, &total, j, last, v0);
-                acc = decode_pv(acc, &total, j + 1u, last, v1);
-                acc = decode_pv(acc, &total, j + 2u, last, v2);
-                acc = decode_pv(acc, &total, j + 3u, last, v3);
+            acc = pv_ahead(acc, &total, g0, last, va);
+            for (var jj = V_AHEAD; jj < KPG; jj = jj + 4u) {
+                let j = g0 + jj;   // keys j .. j+3 of this group, loads in flight
+                acc = pv_quad(acc, &total, j, last, v_quad(vb, j, last, c));
             }
         }
     }
@@ -668,27 +672,49 @@ fn row_dots(c: u32, kk: vec4<f32>) -> vec4<f32> {
     return select(vec4<f32>(0.0), d, c < DE4);
 }
 
+// The first K_AHEAD vec4s of key sj's row (of row k_end - 1 past it; unused there), kb kv_first
+// of k: loaded ahead of the chunk's first barrier.
+fn decode_k(sj: u32, k_end: u32, kb: u32) -> Quad4 {
+    let first = kb + min(sj, k_end - 1u) * p.k_strides.z;
+    var r: Quad4;
+    r.c0 = k_quad(first, 0u);
+    if (K_AHEAD > 4u) {
+        r.c1 = k_quad(first, 4u);
+    }
+    if (K_AHEAD > 8u) {
+        r.c2 = k_quad(first, 8u);
+        r.c3 = k_quad(first, 12u);
+    }
+    return r;
+}
+
+fn k_quad(first: u32, i: u32) -> Quad {
+    return Quad(load_k(first, i), load_k(first, i + 1u), load_k(first, i + 2u),
+                load_k(first, i + 3u));
+}
+
+// The staged rows' dots with vec4s i .. i+3 of a key
+fn quad_dots(sc: vec4<f32>, i: u32, k: Quad) -> vec4<f32> {
+    return sc + row_dots(i, k.r0) + row_dots(i + 1u, k.r1) + row_dots(i + 2u, k.r2)
+           + row_dots(i + 3u, k.r3);
+}
+
 // Key sj's (thread t's) scores against the 4 staged rows, masked, into d_p and d_red; kb is
-// kv_first of k.
+// kv_first of k, kr the row's first vec4s (decode_k). The sums run in steps of eight vec4s
+// (each a chain of eight dots: sc + d0 + .. + d7), the later ones with eight loads in flight.
 fn decode_scores(sj: u32, t: u32, k_end: u32, kb: u32, b: u32, hh: vec4<u32>,
-                 li: vec4<u32>) {
+                 li: vec4<u32>, kr: Quad4) {
     var sc = vec4<f32>(0.0);
     if (sj < k_end) {
+        sc = quad_dots(quad_dots(sc, 0u, kr.c0), 4u, kr.c1);
+        if (K_AHEAD > 8u) {
+            sc = quad_dots(quad_dots(sc, 8u, kr.c2), 12u, kr.c3);
+        }
         let first = kb + sj * p.k_strides.z;
-        // eight loads in flight before their dots (loads past DE4 read zeros)
-        for (var i = 0u; i < DE4; i = i + 8u) {
-            let k0 = load_k(first, i);
-            let k1 = load_k(first, i + 1u);
-            let k2 = load_k(first, i + 2u);
-            let k3 = load_k(first, i + 3u);
-            let k4 = load_k(first, i + 4u);
-            let k5 = load_k(first, i + 5u);
-            let k6 = load_k(first, i + 6u);
-            let k7 = load_k(first, i + 7u);
-            sc = sc + row_dots(i, k0) + row_dots(i + 1u, k1) + row_dots(i + 2u, k2)
-                + row_dots(i + 3u, k3);
-            sc = sc + row_dots(i + 4u, k4) + row_dots(i + 5u, k5) + row_dots(i + 6u, k6)
-                + row_dots(i + 7u, k7);
+        for (var i = K_AHEAD; i < DE4; i = i + 8u) {
+            let ka = k_quad(first, i);
+            let kc = k_quad(first, i + 4u);
+            sc = quad_dots(quad_dots(sc, i, ka), i + 4u, kc);
         }
     }
     let s = vec4<f32>(masked_score(sc.x, sj, k_end, b, hh.x, li.x),
@@ -700,10 +726,30 @@ fn decode_scores(sj: u32, t: u32, k_end: u32, kb: u32, b: u32, hh: vec4<u32>,
 }
 
 // Column slot c of key sj's v row (vb: kv_first of v); zeros from `last` (the group's end or
-// k_end) on, where no row is read (a cache's unwritten rows may hold anything).
+// k_end) on, where no row is read (a cache's unwritten rows may hold anything). A slot past
+// DV4 reads the last real one and is never used.
 fn decode_v(vb: u32, sj: u32, last: u32, c: u32) -> vec4<f32> {
-    let v = load_v(vb + min(sj, last - 1u) * p.v_strides.z, c);
+    let v = load_v(vb + min(sj, last - 1u) * p.v_strides.z, min(c, DV4 - 1u));
     return select(vec4<f32>(0.0), v, sj < last);
+}
+
+fn v_quad(vb: u32, j: u32, last: u32, c: u32) -> Quad {
+    return Quad(decode_v(vb, j, last, c), decode_v(vb, j + 1u, last, c),
+                decode_v(vb, j + 2u, last, c), decode_v(vb, j + 3u, last, c));
+}
+
+// The first V_AHEAD keys' values of the group at j (column slot c)
+fn v_ahead(vb: u32, j: u32, last: u32, c: u32) -> Quad4 {
+    var r: Quad4;
+    r.c0 = v_quad(vb, j, last, c);
+    if (V_AHEAD > 4u) {
+        r.c1 = v_quad(vb, j + 4u, last, c);
+    }
+    if (V_AHEAD > 8u) {
+        r.c2 = v_quad(vb, j + 8u, last, c);
+        r.c3 = v_quad(vb, j + 12u, last, c);
+    }
+    return r;
 }
 
 // acc + p_sj v_sj for the 4 rows, and the rows' sums, for a key below `last`.
@@ -715,6 +761,26 @@ fn decode_pv(acc: Quad, total: ptr<function, vec4<f32>>, sj: u32, last: u32,
     let pj = d_p[sj % CHUNK];
     *total = *total + pj;
     return quad_fma(acc, pj, vv);
+}
+
+// acc + p v over keys j .. j+3 in order (those below `last`)
+fn pv_quad(acc: Quad, total: ptr<function, vec4<f32>>, j: u32, last: u32, v: Quad) -> Quad {
+    var a = decode_pv(acc, total, j, last, v.r0);
+    a = decode_pv(a, total, j + 1u, last, v.r1);
+    a = decode_pv(a, total, j + 2u, last, v.r2);
+    return decode_pv(a, total, j + 3u, last, v.r3);
+}
+
+fn pv_ahead(acc: Quad, total: ptr<function, vec4<f32>>, j: u32, last: u32, v: Quad4) -> Quad {
+    var a = pv_quad(acc, total, j, last, v.c0);
+    if (V_AHEAD > 4u) {
+        a = pv_quad(a, total, j + 4u, last, v.c1);
+    }
+    if (V_AHEAD > 8u) {
+        a = pv_quad(a, total, j + 8u, last, v.c2);
+        a = pv_quad(a, total, j + 12u, last, v.c3);
+    }
+    return a;
 }
 
 // The key groups' accumulators and sums meet; key group 0 writes each live row's output, or
@@ -785,7 +851,8 @@ fn store_row(to_out: bool, base: u32, c: u32, v: vec4<f32>) {
 // One 64-lane workgroup per output row merges its splits (at most 64, one per lane):
 //   M = max_s m_s,  out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 // Lane s loads split s's (m, l); the max and the sum are workgroup trees, the weights wait in
-// c_w, so no lane walks the splits' records one dependent load after another.
+// c_w, and a lane's column loads 16 splits at a time (the first 16 with (m, l)), so no lane
+// walks the splits' records one dependent load after another.
 const COMBINE_LANES: u32 = 64u;
 
 var<workgroup> c_w: array<f32, COMBINE_LANES>;     // e^(m_s - M) per split
@@ -819,6 +886,8 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         ms = partials[base + t * stride];
         ls = partials[base + t * stride + 1u];
     }
+    // the first column's first 16 splits load with (m, l), ahead of the trees' barriers
+    let ahead = partial_cols(base, stride, 0u, min(t, p.ev - 1u));
     ms = select(ms, BAD, is_nan(ms));   // a NaN m marks its row NaN
     c_red[t] = ms;
     let mx = combine_tree(t, true);
@@ -830,21 +899,45 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let inv = select(1.0 / total, 1.0, total == 0.0);
     let at = row_at(orow, p.out_strides);
     for (var c = t; c < p.ev; c = c + COMBINE_LANES) {
-        var a = 0.0;
-        // four splits' loads in flight at a time (a split past the last has weight 0)
-        for (var sp = 0u; sp < p.splits; sp = sp + 4u) {
-            let x0 = partials[base + sp * stride + 2u + c];
-            let x1 = partials[base + min(sp + 1u, p.splits - 1u) * stride + 2u + c];
-            let x2 = partials[base + min(sp + 2u, p.splits - 1u) * stride + 2u + c];
-            let x3 = partials[base + min(sp + 3u, p.splits - 1u) * stride + 2u + c];
-            a = fma(c_w[sp], x0, a);
-            a = select(a, fma(c_w[min(sp + 1u, COMBINE_LANES - 1u)], x1, a),
-                       sp + 1u < p.splits);
-            a = select(a, fma(c_w[min(sp + 2u, COMBINE_LANES - 1u)], x2, a),
-                       sp + 2u < p.splits);
-            a = select(a, fma(c_w[min(sp + 3u, COMBINE_LANES - 1u)], x3, a),
-                       sp + 3u < p.splits);
+        var x = ahead;
+        if (c != t) {
+            x = partial_cols(base, stride, 0u, c);
+        }
+        var a = combine_cols(0.0, 0u, x);
+        for (var sp = 16u; sp < p.splits; sp = sp + 16u) {
+            a = combine_cols(a, sp, partial_cols(base, stride, sp, c));
         }
         out[at + c] = select(a * inv, f32_nan(), mx >= BAD);
     }
+}
+
+// Column c of splits sp .. sp + 15 (clamped to the last), their loads in flight together
+fn partial_cols(base: u32, stride: u32, sp: u32, c: u32) -> Quad {
+    return Quad(partial_col4(base, stride, sp, c), partial_col4(base, stride, sp + 4u, c),
+                partial_col4(base, stride, sp + 8u, c), partial_col4(base, stride, sp + 12u, c));
+}
+
+fn partial_col4(base: u32, stride: u32, sp: u32, c: u32) -> vec4<f32> {
+    let last = p.splits - 1u;
+    let at = base + 2u + c;
+    return vec4<f32>(partials[at + min(sp, last) * stride],
+                     partials[at + min(sp + 1u, last) * stride],
+                     partials[at + min(sp + 2u, last) * stride],
+                     partials[at + min(sp + 3u, last) * stride]);
+}
+
+// a + the weighted partials of splits sp .. sp + 15 (those below p.splits), in order
+fn combine_cols(a: f32, sp: u32, x: Quad) -> f32 {
+    return combine4(combine4(combine4(combine4(a, sp, x.r0), sp + 4u, x.r1), sp + 8u, x.r2),
+                    sp + 12u, x.r3);
+}
+
+fn combine4(a: f32, sp: u32, x: vec4<f32>) -> f32 {
+    if (sp >= p.splits) {
+        return a;
+    }
+    var r = fma(c_w[sp], x.x, a);
+    r = select(r, fma(c_w[min(sp + 1u, COMBINE_LANES - 1u)], x.y, r), sp + 1u < p.splits);
+    r = select(r, fma(c_w[min(sp + 2u, COMBINE_LANES - 1u)], x.z, r), sp + 2u < p.splits);
+    return select(r, fma(c_w[min(sp + 3u, COMBINE_LANES - 1u)], x.w, r), sp + 3u < p.splits);
 }
