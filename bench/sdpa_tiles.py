@@ -3,8 +3,10 @@
     python -m bench.sdpa_tiles [--reps N]
 
 - prefill: each PREFILL_TILES entry and each of CANDIDATE_TILES (rows, keys) that fits the
-  adapter, forced alone, on the causal T=512 prefills of bench/kernels.py (32/32 and 32/8
+  adapter, forced alone, with K and V apart and V over K (PREFILL_KV_APART), on the causal T=512 prefills of bench/kernels.py (32/32 and 32/8
   heads, d=64) and T=2048 32/8;
+- prefill splits: PREFILL_MIN_GRID x PREFILL_SPLIT_KEYS (the routed tile split over the keys,
+  plus combine) on the causal T=512 prefills;
 - decode: SPLIT_KEYS (keys per flash-decoding split) on the S=2048 decode, 32/8 heads.
 Each figure is GPU timestamps (min over the timer's runs) and is checked against torch's SDPA.
 """
@@ -23,28 +25,53 @@ DECODE_CASE = CASES[3]
 SPLIT_KEYS = (32, 64, 128, 256)
 # tiles tried beside PREFILL_TILES: more keys a tile (fewer barriers a key, more threads), fewer
 # rows (more workgroups on the causal triangle)
-CANDIDATE_TILES = ((32, 64), (16, 128), (16, 64), (64, 16))
+# ((16, 128) and (16, 64) lost by 2-3x on the H100, bench/results/sdpa_tiles_h100.txt, and left)
+CANDIDATE_TILES = ((32, 64), (64, 16))
+# (PREFILL_MIN_GRID, PREFILL_SPLIT_KEYS): the first leaves a 256-workgroup grid unsplit
+PREFILL_SPLITS = ((256, 128), (1024, 128), (1024, 256), (2048, 64))
+SPLIT_CASES = [CASES[0], CASES[2]]
+PARTS = ("tiles", "splits", "decode")
 
 
 def prefill_rows(gpu: Gpu, reps: int) -> None:
     storage = gpu.dev.limits["max-compute-workgroup-storage-size"]
     routed = attention.prefill_tile(64, 64, storage)
-    print(f"prefill tiles (rows, keys); routed now: {(routed.br, routed.bc)}; TF/s")
-    print(f"{'tile':>10} {'threads':>8} " + " ".join(f"{c.name:>40}" for c in PREFILL_CASES))
-    tiles = attention.PREFILL_TILES
+    print(f"prefill tiles (rows, keys), K and V apart or V over K; routed now: "
+          f"{(routed.br, routed.bc)} {'apart' if routed.apart else 'V over K'}; TF/s")
+    print(f"{'tile':>10} {'K, V':>8} {'threads':>8} "
+          + " ".join(f"{c.name:>40}" for c in PREFILL_CASES))
+    tiles, apart = attention.PREFILL_TILES, attention.PREFILL_KV_APART
     for br, bc in tiles + tuple(t for t in CANDIDATE_TILES if t not in tiles):
-        attention.PREFILL_TILES = ((br, bc),)
-        tile = attention.prefill_tile(64, 64, storage)
-        if tile is None:
-            print(f"{str((br, bc)):>10}  needs more than {storage} bytes of workgroup memory")
-            continue
-        figures = []
-        for c in PREFILL_CASES:
-            t_ts, t_wall, _ = time_ours(gpu, c, reps)
-            figures.append(c.flops() / (t_ts if t_ts is not None else t_wall) * 1e-12)
-        print(f"{str((br, bc)):>10} {tile.threads:>8} " + " ".join(f"{f:>40.3f}" for f in figures),
-              flush=True)
-    attention.PREFILL_TILES = tiles
+        for kv_apart in (False, True):
+            attention.PREFILL_TILES, attention.PREFILL_KV_APART = ((br, bc),), kv_apart
+            tile = attention.prefill_tile(64, 64, storage)
+            if tile is None or tile.apart != kv_apart:
+                print(f"{str((br, bc)):>10} {'apart' if kv_apart else 'V over K':>8}  needs "
+                      f"more than {storage} bytes of workgroup memory")
+                continue
+            figures = []
+            for c in PREFILL_CASES:
+                t_ts, t_wall, _ = time_ours(gpu, c, reps)
+                figures.append(c.flops() / (t_ts if t_ts is not None else t_wall) * 1e-12)
+            print(f"{str((br, bc)):>10} {'apart' if kv_apart else 'V over K':>8} "
+                  f"{tile.threads:>8} " + " ".join(f"{f:>40.3f}" for f in figures), flush=True)
+    attention.PREFILL_TILES, attention.PREFILL_KV_APART = tiles, apart
+
+
+def split_rows(gpu: Gpu, reps: int) -> None:
+    routed = attention.PREFILL_MIN_GRID, attention.PREFILL_SPLIT_KEYS
+    print(f"prefill splits of the routed tile; routed now: min grid {routed[0]}, "
+          f"{routed[1]} keys a split; TF/s")
+    print(f"{'min grid':>8} {'keys':>5} " + " ".join(f"{c.name:>40}" for c in SPLIT_CASES))
+    for grid, keys in PREFILL_SPLITS:
+        attention.PREFILL_MIN_GRID, attention.PREFILL_SPLIT_KEYS = grid, keys
+        cells = []
+        for c in SPLIT_CASES:
+            t_ts, t_wall, labels = time_ours(gpu, c, reps)
+            tf = c.flops() / (t_ts if t_ts is not None else t_wall) * 1e-12
+            cells.append(f"{tf:.3f} ({labels})")
+        print(f"{grid:>8} {keys:>5} " + " ".join(f"{x:>40}" for x in cells), flush=True)
+    attention.PREFILL_MIN_GRID, attention.PREFILL_SPLIT_KEYS = routed
 
 
 def decode_rows(gpu: Gpu, reps: int) -> None:
@@ -61,11 +88,14 @@ def decode_rows(gpu: Gpu, reps: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20, help="dispatches per timing")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"of {','.join(PARTS)}")
     args = ap.parse_args(argv)
+    parts = args.only.split(",")
     gpu = Gpu()
     print(f"# {gpu.dev.name}")
-    prefill_rows(gpu, args.reps)
-    decode_rows(gpu, args.reps)
+    for name, rows in zip(PARTS, (prefill_rows, split_rows, decode_rows)):
+        if name in parts:
+            rows(gpu, args.reps)
     return 0
 
 
