@@ -3,7 +3,7 @@
     python -m bench.sdpa_tiles [--reps N]
 
 - prefill: each PREFILL_TILES entry and each of CANDIDATE_TILES (rows, keys) that fits the
-  adapter, forced alone, with K and V apart and V over K (PREFILL_KV_APART), on the causal T=512 prefills of bench/kernels.py (32/32 and 32/8
+  adapter, forced alone, on the causal T=512 prefills of bench/kernels.py (32/32 and 32/8
   heads, d=64) and T=2048 32/8;
 - prefill splits: PREFILL_MIN_GRID x PREFILL_SPLIT_KEYS (the routed tile split over the keys,
   plus combine) on the causal T=512 prefills;
@@ -36,26 +36,22 @@ PARTS = ("tiles", "splits", "decode")
 def prefill_rows(gpu: Gpu, reps: int) -> None:
     storage = gpu.dev.limits["max-compute-workgroup-storage-size"]
     routed = attention.prefill_tile(64, 64, storage)
-    print(f"prefill tiles (rows, keys), K and V apart or V over K; routed now: "
-          f"{(routed.br, routed.bc)} {'apart' if routed.apart else 'V over K'}; TF/s")
-    print(f"{'tile':>10} {'K, V':>8} {'threads':>8} "
-          + " ".join(f"{c.name:>40}" for c in PREFILL_CASES))
-    tiles, apart = attention.PREFILL_TILES, attention.PREFILL_KV_APART
+    print(f"prefill tiles (rows, keys); routed now: {(routed.br, routed.bc)}; TF/s")
+    print(f"{'tile':>10} {'threads':>8} " + " ".join(f"{c.name:>40}" for c in PREFILL_CASES))
+    tiles = attention.PREFILL_TILES
     for br, bc in tiles + tuple(t for t in CANDIDATE_TILES if t not in tiles):
-        for kv_apart in (False, True):
-            attention.PREFILL_TILES, attention.PREFILL_KV_APART = ((br, bc),), kv_apart
-            tile = attention.prefill_tile(64, 64, storage)
-            if tile is None or tile.apart != kv_apart:
-                print(f"{str((br, bc)):>10} {'apart' if kv_apart else 'V over K':>8}  needs "
-                      f"more than {storage} bytes of workgroup memory")
-                continue
-            figures = []
-            for c in PREFILL_CASES:
-                t_ts, t_wall, _ = time_ours(gpu, c, reps)
-                figures.append(c.flops() / (t_ts if t_ts is not None else t_wall) * 1e-12)
-            print(f"{str((br, bc)):>10} {'apart' if kv_apart else 'V over K':>8} "
-                  f"{tile.threads:>8} " + " ".join(f"{f:>40.3f}" for f in figures), flush=True)
-    attention.PREFILL_TILES, attention.PREFILL_KV_APART = tiles, apart
+        attention.PREFILL_TILES = ((br, bc),)
+        tile = attention.prefill_tile(64, 64, storage)
+        if tile is None:
+            print(f"{str((br, bc)):>10}  needs more than {storage} bytes of workgroup memory")
+            continue
+        figures = []
+        for c in PREFILL_CASES:
+            t_ts, t_wall, _ = time_ours(gpu, c, reps)
+            figures.append(c.flops() / (t_ts if t_ts is not None else t_wall) * 1e-12)
+        print(f"{str((br, bc)):>10} {tile.threads:>8} " + " ".join(f"{f:>40.3f}" for f in figures),
+              flush=True)
+    attention.PREFILL_TILES = tiles
 
 
 def split_rows(gpu: Gpu, reps: int) -> None:

@@ -89,9 +89,6 @@ class DecodeTile:
 # bench/sdpa_tiles.py on the H100 (causal T=512 32/32 d=64, TF/s): (64, 32) 9.09, (32, 32)
 # 8.00, (32, 64) 6.98, (64, 16) 5.31, (16, 32) 4.46, (16, 128) 3.76, (16, 64) 2.81
 PREFILL_TILES = ((64, 32), (32, 32), (16, 32))
-# K and V tiles side by side in workgroup memory (three barriers a key tile, K of the next tile
-# staged during this one's softmax) where they fit, instead of V overwriting K (four)
-PREFILL_KV_APART = False
 UNUSED_TILE = (16, 32)    # the prefill arrays' sizes in a module whose prefill never runs
 
 
@@ -101,7 +98,6 @@ class PrefillTile:
     bc: int      # keys per tile
     de4: int
     dv4: int
-    apart: bool = False   # K and V side by side (PREFILL_KV_APART)
 
     @property
     def threads(self) -> int:
@@ -113,33 +109,25 @@ class PrefillTile:
         """Value vec4s per thread and row: the bc / 4 column groups cover a v row."""
         return groups(self.dv4, self.bc // 4)
 
-    @property
-    def kv_vec4s(self) -> int:
-        """The K^T / V region: both side by side, or the larger (V overwrites K)."""
-        e = self.de4 + self.dv4 if self.apart else max(self.de4, self.dv4)
-        return self.bc * e
-
     def bytes(self) -> int:
-        """Q^T, the K^T / V region, P and the per-thread row maxima / sums."""
-        return 16 * (self.br * self.de4 + self.kv_vec4s + self.bc * self.br // 4 + self.threads)
+        """Q^T, the shared K^T / V region, P and the per-thread row maxima / sums."""
+        return 16 * (self.br * self.de4 + self.bc * max(self.de4, self.dv4)
+                     + self.bc * self.br // 4 + self.threads)
 
     def prelude(self) -> str:
-        v_at = self.bc * self.de4 if self.apart else 0
-        return "\n".join([f"const {n}: u32 = {x}u;" for n, x in
-                           (("P_BR", self.br), ("P_BC", self.bc), ("P_T", self.threads),
-                            ("P_OJ", self.oj), ("P_KVR", self.kv_vec4s), ("P_VAT", v_at))]
-                          + [f"const P_APART: bool = {str(self.apart).lower()};"])
+        return "\n".join(f"const {n}: u32 = {x}u;" for n, x in
+                         (("P_BR", self.br), ("P_BC", self.bc), ("P_T", self.threads),
+                          ("P_OJ", self.oj)))
 
 
 def prefill_tile(e: int, ev: int, storage_bytes: int) -> PrefillTile | None:
     """The register-blocked prefill tile for head dims (e, ev), None where none fits (the
     one-row-per-thread `flash` then runs)."""
     for br, bc in PREFILL_TILES:
-        for apart in (True, False) if PREFILL_KV_APART else (False,):
-            tile = PrefillTile(br, bc, groups(e, 4), groups(ev, 4), apart)
-            # the kernel's accumulators hold up to 4 column vec4s per row
-            if tile.oj <= 4 and tile.bytes() <= storage_bytes:
-                return tile
+        tile = PrefillTile(br, bc, groups(e, 4), groups(ev, 4))
+        # the kernel's accumulators hold up to 4 column vec4s per row
+        if tile.oj <= 4 and tile.bytes() <= storage_bytes:
+            return tile
     return None
 
 

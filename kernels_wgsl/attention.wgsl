@@ -283,11 +283,10 @@ fn write_partial(rec: u32, g: u32, acc: ptr<function, array<vec4<f32>, VEC>>, m:
 
 const RG: u32 = P_BR / 4u;        // row quads
 const NKS: u32 = P_BC / 4u;       // key quads of the scores, column groups of the output
-// P_KVR vec4s of the K^T and V region; V at P_VAT (0: V overwrites K each tile; P_BC * DE4
-// with P_APART, K and V side by side)
+const KVR: u32 = P_BC * max(DE4, DV4);   // vec4s of the K^T / V region
 
 var<workgroup> p_q: array<vec4<f32>, P_BR * DE4>;   // [head dim d][row quad]: Q^T
-var<workgroup> p_kv: array<vec4<f32>, P_KVR>;       // [d][key quad]: K^T; [key][vec4]: V
+var<workgroup> p_kv: array<vec4<f32>, KVR>;         // [d][key quad]: K^T, then [key][vec4]: V
 var<workgroup> p_pt: array<vec4<f32>, P_BC * RG>;   // [key][row quad]: p
 var<workgroup> p_red: array<vec4<f32>, P_T>;        // [ks][row quad]: block maxima, then sums
 
@@ -335,52 +334,33 @@ fn prefill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let rows4 = min(vec4<u32>(row0 + 4u * rq) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(rows - 1u));
     let li = rows4 / p.n_rep;
     let hh = vec4<u32>(w.hk * p.n_rep) + rows4 % p.n_rep;
-    var run = Run(vec4<f32>(EXCLUDED), vec4<f32>(0.0), vec4<f32>(1.0));
+    var m = vec4<f32>(EXCLUDED);
+    var total = vec4<f32>(0.0);   // this thread's keys' share of the row sums
     var acc = Acc();
-    // a thread's first four loads of each stage are issued a phase ahead, so their latency
-    // hides behind FMAs
-    if (P_APART) {
-        // K and V apart: K of the next tile staged during this tile's softmax, V after its
-        // values; three barriers a tile
-        let k0 = fetch4(t, k_begin, k_end, kb, false);
-        let v0 = fetch4(t, k_begin, k_end, vb, true);
-        stage_rows(t, k_begin, k_end, kb, false, k0);
-        stage_rows(t, k_begin, k_end, vb, true, v0);
+    // a thread's first four loads of each stage are issued a phase ahead (K of the next tile
+    // during this tile's values, V during its scores), so their latency hides behind FMAs
+    var k_ahead = fetch4(t, k_begin, k_end, kb, false);
+    for (var s0 = k_begin; s0 < k_end; s0 = s0 + P_BC) {
+        workgroupBarrier();   // the previous tile's p and V readers are done
+        stage_rows(t, s0, k_end, kb, false, k_ahead);
+        let v_ahead = fetch4(t, s0, k_end, vb, true);
         workgroupBarrier();
-        for (var s0 = k_begin; s0 < k_end; s0 = s0 + P_BC) {
-            let s1 = s0 + P_BC;
-            let k_ahead = fetch4(t, s1, k_end, kb, false);
-            let sc = prefill_scores(w.b, rq, ks, s0, k_end, hh, li);
-            p_red[ks * RG + rq] = max(max(sc.r0, sc.r1), max(sc.r2, sc.r3));
-            workgroupBarrier();   // the block maxima are in; K's readers are done
-            stage_rows(t, s1, k_end, kb, false, k_ahead);
-            let v_ahead = fetch4(t, s1, k_end, vb, true);
-            run = tile_softmax(run, sc, rq, ks);
-            workgroupBarrier();   // p is in
-            acc = prefill_values(acc, run.alpha, rq, ks);
-            workgroupBarrier();   // p's and V's readers are done
-            stage_rows(t, s1, k_end, vb, true, v_ahead);
+        let sc = prefill_scores(w.b, rq, ks, s0, k_end, hh, li);
+        p_red[ks * RG + rq] = max(max(sc.r0, sc.r1), max(sc.r2, sc.r3));
+        workgroupBarrier();
+        stage_rows(t, s0, k_end, vb, true, v_ahead);
+        k_ahead = fetch4(t, s0 + P_BC, k_end, kb, false);
+        var m_new = m;
+        for (var g = 0u; g < NKS; g = g + 1u) {
+            m_new = max(m_new, p_red[g * RG + rq]);
         }
-    } else {
-        // V overwrites K: four barriers a tile
-        var k_ahead = fetch4(t, k_begin, k_end, kb, false);
-        for (var s0 = k_begin; s0 < k_end; s0 = s0 + P_BC) {
-            workgroupBarrier();   // the previous tile's p and V readers are done
-            stage_rows(t, s0, k_end, kb, false, k_ahead);
-            let v_ahead = fetch4(t, s0, k_end, vb, true);
-            workgroupBarrier();
-            let sc = prefill_scores(w.b, rq, ks, s0, k_end, hh, li);
-            p_red[ks * RG + rq] = max(max(sc.r0, sc.r1), max(sc.r2, sc.r3));
-            workgroupBarrier();
-            stage_rows(t, s0, k_end, vb, true, v_ahead);
-            k_ahead = fetch4(t, s0 + P_BC, k_end, kb, false);
-            run = tile_softmax(run, sc, rq, ks);
-            workgroupBarrier();
-            acc = prefill_values(acc, run.alpha, rq, ks);
-        }
+        let pq = prefill_probs(sc, m_new, rq, ks);
+        let alpha = exp(m - m_new);
+        total = total * alpha + pq.r0 + pq.r1 + pq.r2 + pq.r3;
+        m = m_new;
+        workgroupBarrier();
+        acc = prefill_values(acc, alpha, rq, ks);
     }
-    let m = run.m;
-    let total = run.total;
     workgroupBarrier();   // the last tile's block maxima are read
     p_red[ks * RG + rq] = total;
     workgroupBarrier();
@@ -389,22 +369,6 @@ fn prefill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         l = l + p_red[g * RG + rq];
     }
     prefill_write(w, acc, m, l, rq, ks, row0, rows);
-}
-
-// The rows' running max m, this thread's keys' share of their sums, and the last tile's
-// rescale of both
-struct Run { m: vec4<f32>, total: vec4<f32>, alpha: vec4<f32> }
-
-// One tile's online softmax step: the rows' new max over the block maxima in p_red, p of the
-// thread's block into p_pt (prefill_probs), the running sums rescaled and extended.
-fn tile_softmax(r: Run, sc: Quad, rq: u32, ks: u32) -> Run {
-    var m_new = r.m;
-    for (var g = 0u; g < NKS; g = g + 1u) {
-        m_new = max(m_new, p_red[g * RG + rq]);
-    }
-    let pq = prefill_probs(sc, m_new, rq, ks);
-    let alpha = exp(r.m - m_new);
-    return Run(m_new, r.total * alpha + pq.r0 + pq.r1 + pq.r2 + pq.r3, alpha);
 }
 
 // x, vec4 c of q row j, into Q^T: element e at [4c + e][j / 4][j % 4]
@@ -475,7 +439,7 @@ fn stage_store(i: u32, n: u32, is_v: bool, x: vec4<f32>) {
     }
     let at = kv_slot(i, is_v);
     if (is_v) {
-        p_kv[P_VAT + at.x * DV4 + at.y] = x;
+        p_kv[at.x * DV4 + at.y] = x;
     } else {
         let d = 4u * at.y * NKS + at.x / 4u;
         p_kv[d][at.x % 4u] = x.x;
@@ -569,7 +533,7 @@ fn prefill_values(acc: Acc, alpha: vec4<f32>, rq: u32, cg: u32) -> Acc {
 fn key_values(acc: Acc, j: u32, rq: u32, cg: u32) -> Acc {
     var a = acc;
     let p4 = p_pt[j * RG + rq];
-    let row = P_VAT + j * DV4;
+    let row = j * DV4;
     a.c0 = quad_fma(a.c0, p4, p_kv[row + min(cg, DV4 - 1u)]);
     if (P_OJ > 1u) {
         a.c1 = quad_fma(a.c1, p4, p_kv[row + min(cg + NKS, DV4 - 1u)]);
