@@ -7,7 +7,10 @@
   heads, d=64) and T=2048 32/8;
 - prefill splits: PREFILL_MIN_GRID x PREFILL_SPLIT_KEYS (the routed tile split over the keys,
   plus combine) on the causal T=512 prefills;
-- decode: SPLIT_KEYS (keys per flash-decoding split) on the S=2048 decode, 32/8 heads.
+- decode: SPLIT_KEYS (keys per flash-decoding split) on the S=2048 decode, 32/8 heads;
+- profile: the routed prefill with its Q K^T loop cut to one head dim, its P V update cut to
+  the rescale, and both, on the causal T=512 prefills (what the arithmetic costs; the cut
+  kernels' outputs are wrong by design and go unchecked). Only with --only profile.
 Each figure is GPU timestamps (min over the timer's runs) and is checked against torch's SDPA.
 """
 from __future__ import annotations
@@ -31,6 +34,15 @@ CANDIDATE_TILES = ((32, 64), (64, 16))
 PREFILL_SPLITS = ((256, 128), (1024, 128), (1024, 256), (2048, 64))
 SPLIT_CASES = [CASES[0], CASES[2]]
 PARTS = ("tiles", "splits", "decode")
+# the cuts of the profile: (text of attention.wgsl, its replacement)
+CUT_QK = ("    for (var c = 0u; c < DE4; c = c + 1u) {\n        let d = 4u * c;\n"
+          "        a = outer4(a, p_q[d * RG + rq], p_kv[d * NKS + ks]);",
+          "    for (var c = 0u; c < 1u; c = c + 1u) {\n        let d = 4u * c;\n"
+          "        a = outer4(a, p_q[d * RG + rq], p_kv[d * NKS + ks]);")
+CUT_PV = ("        acc = prefill_values(acc, alpha, rq, ks);\n",
+          "        acc = Acc(quad_scale(acc.c0, alpha), quad_scale(acc.c1, alpha), acc.c2, acc.c3);\n")
+PROFILE = (("full kernel", ()), ("no Q K^T FMAs", (CUT_QK,)), ("no P V FMAs", (CUT_PV,)),
+           ("neither", (CUT_QK, CUT_PV)))
 
 
 def prefill_rows(gpu: Gpu, reps: int) -> None:
@@ -81,15 +93,38 @@ def decode_rows(gpu: Gpu, reps: int) -> None:
     attention.SPLIT_KEYS = routed
 
 
+def profile_rows(gpu: Gpu, reps: int) -> None:
+    import kernels_wgsl
+
+    source = kernels_wgsl.source
+    print("prefill profile: the routed kernel with its FMA loops cut; us")
+    print(f"{'variant':>16} " + " ".join(f"{c.name:>40}" for c in PREFILL_CASES[:2]))
+    for name, cuts in PROFILE:
+        def cut_source(shader, prelude="", cuts=cuts):
+            text = source(shader, prelude)
+            for old, new in cuts if shader == "attention" else ():
+                if old not in text:
+                    raise SystemExit(f"profile: attention.wgsl no longer has {old!r}")
+                text = text.replace(old, new)
+            return text
+        kernels_wgsl.source = cut_source
+        try:
+            times = [time_ours(gpu, c, reps, check=not cuts)[0] for c in PREFILL_CASES[:2]]
+        finally:
+            kernels_wgsl.source = source
+        print(f"{name:>16} " + " ".join(f"{t * 1e6:>40.2f}" for t in times), flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20, help="dispatches per timing")
-    ap.add_argument("--only", default=",".join(PARTS), help=f"of {','.join(PARTS)}")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"of {','.join(PARTS)},profile")
     args = ap.parse_args(argv)
     parts = args.only.split(",")
     gpu = Gpu()
     print(f"# {gpu.dev.name}")
-    for name, rows in zip(PARTS, (prefill_rows, split_rows, decode_rows)):
+    for name, rows in zip(PARTS + ("profile",),
+                          (prefill_rows, split_rows, decode_rows, profile_rows)):
         if name in parts:
             rows(gpu, args.reps)
     return 0
