@@ -35,14 +35,19 @@ PREFILL_SPLITS = ((256, 128), (1024, 128), (1024, 256), (2048, 64))
 SPLIT_CASES = [CASES[0], CASES[2]]
 PARTS = ("tiles", "splits", "decode")
 # the cuts of the profile: (text of attention.wgsl, its replacement)
-CUT_QK = ("    for (var c = 0u; c < DE4; c = c + 1u) {\n        let d = 4u * c;\n"
-          "        a = outer4(a, p_q[d * RG + rq], p_kv[d * NKS + ks]);",
-          "    for (var c = 0u; c < 1u; c = c + 1u) {\n        let d = 4u * c;\n"
-          "        a = outer4(a, p_q[d * RG + rq], p_kv[d * NKS + ks]);")
+_QK_LOOP = ("    for (var c = 0u; c < DE4; c = c + 1u) {\n        let d = 4u * c;\n"
+            "        a = outer4(a, p_q[d * RG + rq], p_kv[d * NKS + ks]);")
+CUT_QK = (_QK_LOOP, _QK_LOOP.replace("c < DE4", "c < 1u"))
 CUT_PV = ("        acc = prefill_values(acc, alpha, rq, ks);\n",
           "        acc = Acc(quad_scale(acc.c0, alpha), quad_scale(acc.c1, alpha), acc.c2, acc.c3);\n")
 PROFILE = (("full kernel", ()), ("no Q K^T FMAs", (CUT_QK,)), ("no P V FMAs", (CUT_PV,)),
            ("neither", (CUT_QK, CUT_PV)))
+
+
+def timed(gpu: Gpu, c: SdpaCase, reps: int, check: bool = True) -> tuple:
+    """(seconds per call, by timestamps where the adapter has them, else wall; labels)."""
+    t_ts, t_wall, labels = time_ours(gpu, c, reps, check)
+    return (t_ts if t_ts is not None else t_wall), labels
 
 
 def prefill_rows(gpu: Gpu, reps: int) -> None:
@@ -57,10 +62,7 @@ def prefill_rows(gpu: Gpu, reps: int) -> None:
         if tile is None:
             print(f"{str((br, bc)):>10}  needs more than {storage} bytes of workgroup memory")
             continue
-        figures = []
-        for c in PREFILL_CASES:
-            t_ts, t_wall, _ = time_ours(gpu, c, reps)
-            figures.append(c.flops() / (t_ts if t_ts is not None else t_wall) * 1e-12)
+        figures = [c.flops() / timed(gpu, c, reps)[0] * 1e-12 for c in PREFILL_CASES]
         print(f"{str((br, bc)):>10} {tile.threads:>8} " + " ".join(f"{f:>40.3f}" for f in figures),
               flush=True)
     attention.PREFILL_TILES = tiles
@@ -75,9 +77,8 @@ def split_rows(gpu: Gpu, reps: int) -> None:
         attention.PREFILL_MIN_GRID, attention.PREFILL_SPLIT_KEYS = grid, keys
         cells = []
         for c in SPLIT_CASES:
-            t_ts, t_wall, labels = time_ours(gpu, c, reps)
-            tf = c.flops() / (t_ts if t_ts is not None else t_wall) * 1e-12
-            cells.append(f"{tf:.3f} ({labels})")
+            t, labels = timed(gpu, c, reps)
+            cells.append(f"{c.flops() / t * 1e-12:.3f} ({labels})")
         print(f"{grid:>8} {keys:>5} " + " ".join(f"{x:>40}" for x in cells), flush=True)
     attention.PREFILL_MIN_GRID, attention.PREFILL_SPLIT_KEYS = routed
 
@@ -87,8 +88,8 @@ def decode_rows(gpu: Gpu, reps: int) -> None:
     routed = attention.SPLIT_KEYS
     for keys in SPLIT_KEYS:
         attention.SPLIT_KEYS = keys
-        t_ts, t_wall, labels = time_ours(gpu, DECODE_CASE, reps)
-        print(f"{keys:>10} {(t_ts if t_ts is not None else t_wall) * 1e6:>10.2f}  {labels}",
+        t, labels = timed(gpu, DECODE_CASE, reps)
+        print(f"{keys:>10} {t * 1e6:>10.2f}  {labels}",
               flush=True)
     attention.SPLIT_KEYS = routed
 
@@ -109,7 +110,7 @@ def profile_rows(gpu: Gpu, reps: int) -> None:
             return text
         kernels_wgsl.source = cut_source
         try:
-            times = [time_ours(gpu, c, reps, check=not cuts)[0] for c in PREFILL_CASES[:2]]
+            times = [timed(gpu, c, reps, check=not cuts)[0] for c in PREFILL_CASES[:2]]
         finally:
             kernels_wgsl.source = source
         print(f"{name:>16} " + " ".join(f"{t * 1e6:>40.2f}" for t in times), flush=True)
