@@ -11,11 +11,14 @@ import os
 # quantisation; HF's models, torchvision's CNNs: each case an export and a lowering of 5-30 s
 # on a 2-core CI machine). The default run keeps the cases named here, which together still
 # cover every model, device, form and quantisation; ETWGPU_FULL_SUITE=1 runs every case, as it
-# runs the whole backend suite.
+# runs the whole backend suite. A key is a test's name, or "file::name" where several files
+# hold a test of that name and the entry is for one of them.
 DEFAULT_CASES = {
     "test_et_llama_folds_both_residual_adds_of_every_layer": {"webgpu"},
+    # each device, form and quantisation once, on the two lowerings test_llm_et's default
+    # cases lower too (test_llm_et.llama_program shares them)
     "test_tiny_llama_writes_each_layers_caches_in_one_dispatch_bit_for_bit_unfused":
-        {"webgpu-int4-g32-plain", "cpu-fp32-custom"},
+        {"webgpu-int4-g32-custom", "cpu-fp32-plain"},
     "test_pass_fuses_tiny_llama_rotations_within_1e6_of_unfused_and_eager": {"half-webgpu"},
     "test_pair_rotates_q_and_k_of_a_layer_in_one_dispatch_bit_for_bit_two_ropes":
         {"half-partial-webgpu", "interleaved-cpu"},
@@ -42,6 +45,71 @@ DEFAULT_CASES = {
         {"False-webgpu", "True-cpu"},
     "test_cnn_is_delegated_in_one_call_and_matches_eager":
         {"resnet18-webgpu", "mobilenet_v3_small-cpu"},
+    # ---- the passes' graph x device products (tests/test_pass_*.py): each a lowering or two
+    # of 0.3-0.7 s and a run. A pass rewrites the IR before any device is asked (preprocess
+    # never reads the device), so each graph runs once, the devices alternating: every graph,
+    # form and order of the test still runs, and on each device.
+    "test_pass_rms_norm.py::test_graph_with_no_match_lowers_byte_identically_and_runs":
+        {"mean-dim0-cpu", "mean-dim-2-webgpu", "mean-two-dims-cpu", "no-keepdim-webgpu",
+         "eps-zero-cpu", "no-eps-webgpu", "sqrt-cpu", "fourth-power-webgpu", "other-x-cpu",
+         "square-of-two-webgpu", "eps-times-2-cpu"},
+    "test_pass_rope.py::test_graph_with_no_match_lowers_byte_identically_and_runs":
+        {"hf-half-is-an-output-cpu", "hf-rotate-half-reversed-webgpu",
+         "imag-not-a-rotation-cpu", "pair-has-a-second-consumer-webgpu",
+         "pair-is-an-output-cpu", "product-is-an-output-webgpu", "real-part-reversed-cpu",
+         "tables-widen-x-webgpu"},
+    "test_pass_sdpa_layout.py::test_graph_with_no_match_lowers_byte_identically_and_runs":
+        {"head-dim-moves-cpu", "output-read-twice-webgpu", "q-permute-is-k-too-cpu",
+         "q-permute-read-twice-webgpu"},
+    "test_pass_swiglu.py::test_graph_with_no_match_lowers_byte_identically_and_runs":
+        {"broadcast-gate-cpu", "broadcast-up-webgpu", "glu-cpu", "sigmoid*other*up-webgpu",
+         "silu+up-cpu"},
+    # the refusals only lower (byte-identity, no run): each intermediate once, and the two
+    # tests of a file alternate the other way round
+    "test_pass_rms_norm.py::test_pass_refuses_an_intermediate_with_a_second_consumer":
+        {"square-cpu", "mean-webgpu", "add-cpu", "rsqrt-webgpu"},
+    "test_pass_rms_norm.py::test_pass_refuses_an_intermediate_that_is_an_output":
+        {"square-webgpu", "mean-cpu", "add-webgpu", "rsqrt-cpu"},
+    "test_pass_swiglu.py::test_pass_refuses_an_intermediate_with_a_second_consumer":
+        {"sigmoid-cpu", "sigmoid*g-webgpu", "silu-cpu"},
+    "test_pass_swiglu.py::test_pass_refuses_an_intermediate_that_is_an_output":
+        {"sigmoid-webgpu", "sigmoid*g-cpu", "silu-webgpu"},
+    "test_graph_with_no_match_lowers_byte_identically":   # test_pass_linear_swiglu.py
+        {"no swiglu-cpu", "gate read twice-webgpu", "up read twice-cpu",
+         "a triple's pair-webgpu"},
+    "test_unmatched_graph_lowers_byte_identically_with_the_pass_on_and_off":   # residual_add
+        {"linear-read-twice-cpu", "linear-scaled-too-webgpu", "alpha-2-cpu",
+         "broadcast-r-webgpu", "linear-plus-itself-cpu", "sub-webgpu"},
+    "test_unmatched_linears_lower_byte_identically_with_the_pass_on_and_off":   # fuse_linear
+        {"bias-cpu", "group-sizes-webgpu", "inputs-cpu"},
+    "test_a_k_permute_read_elsewhere_or_as_v_too_stays_and_the_result_is_unfused":
+        {"k-permute-is-v-too-cpu", "k-permute-read-twice-webgpu", "k-repeat-read-twice-cpu"},
+    "test_ropes_that_may_not_pair_lower_as_with_pairing_off_and_run":
+        {"k-by-other-tables-cpu", "q-read-before-k-rotates-webgpu", "q-rotated-twice-cpu"},
+    # where it fires: each form (and order) once per device at least
+    "test_pass_fuses_the_chain_into_one_rms_norm_with_the_weight":
+        {"et-cpu", "hf-webgpu", "pow-cpu", "x*x-reversed-webgpu"},
+    "test_pass_fuses_the_pattern_into_one_silu_mul_within_1e6_of_unfused":
+        {"sigmoid*g*up-cpu", "silu*up-webgpu", "up*(g*sigmoid)-cpu", "up*silu-webgpu"},
+    "test_pass_fuses_q_and_k_rotations_into_one_rope_pair":
+        {"et-apply_rotary_emb-webgpu", "hf-apply_rotary_emb-cpu", "hf-partial-webgpu"},
+    # every form on both devices, each order on both (the webgpu cases check the kernels)
+    "test_gate_up_and_swiglu_become_one_op_with_the_unfused_bits":
+        {"gate-first-silu-webgpu", "up-first-silu-cpu", "gate-first-up*silu-cpu",
+         "up-first-up*silu-webgpu", "gate-first-sigmoid-webgpu", "up-first-sigmoid-cpu"},
+    # bias and no bias, each order, on each device; the two tests keep the same four, which
+    # share their lowerings (r+linear-bias-webgpu's with the GEMM-tile tests too)
+    "test_fused_ir_holds_one_linear_with_the_residual_input":
+        {"linear+r-bias-cpu", "linear+r-no-bias-webgpu", "r+linear-bias-webgpu",
+         "r+linear-no-bias-cpu"},
+    "test_fused_output_is_bit_identical_to_linear_then_add_in_one_dispatch":
+        {"linear+r-bias-cpu", "linear+r-no-bias-webgpu", "r+linear-bias-webgpu",
+         "r+linear-no-bias-cpu"},
+    # each case names the WGSL entry it runs: all of them on webgpu; cpu once per mask kind
+    "test_k_and_v_read_through_their_permutes_match_unfused_bit_for_bit":
+        {"decode-d12-float-webgpu", "decode-d5-causal-webgpu", "flash-d256-bool-webgpu",
+         "prefill-d12-float-webgpu", "prefill-d5-causal-webgpu", "split-d12-bool-webgpu",
+         "decode-d5-causal-cpu", "prefill-d12-float-cpu", "split-d12-bool-cpu"},
 }
 
 
@@ -54,7 +122,8 @@ def pytest_collection_modifyitems(config, items):
         return
     keep, drop = [], []
     for item in items:
-        cases = DEFAULT_CASES.get(getattr(item, "originalname", None))
+        name = getattr(item, "originalname", None)
+        cases = DEFAULT_CASES.get(f"{item.path.name}::{name}", DEFAULT_CASES.get(name))
         case = getattr(getattr(item, "callspec", None), "id", None)
         (drop if cases is not None and case not in cases else keep).append(item)
     if drop:

@@ -1,13 +1,12 @@
 """ExecuTorch's own Llama definition (examples/models/llama, as the wheel ships it) with its
 KV cache, lowered by our partitioner: one delegate call, the caches resident in it, prefill and
 decode steps matching eager on both executors, fp32 and torchao int4-g32."""
-import functools
-
 import pytest
 import torch
 
 from delegate.aot import lower, undelegated_ops
 from delegate.runtime.program import Runtime
+from tests.once import once
 from tests.tolerances import tol
 
 VOCAB = 128
@@ -54,20 +53,39 @@ def _built(quantize: bool, form: str, **overrides):
     return custom_ops(model) if form == "custom" else model
 
 
-@functools.lru_cache(maxsize=None)
-def _program(device, quantize, form, overrides: tuple):
-    """The program manager of one tiny Llama, lowered once per configuration (several tests
-    load the same one; each load has its own caches)."""
+def lower_llama(device, quantize=False, form="plain", passes=None, **overrides):
+    """The program manager of one tiny Llama, tokens [1, T] (T dynamic) and input_pos; passes
+    as WgpuPartitioner takes them (None: delegate.aot.lower, every pass)."""
     seq = torch.export.Dim("T", min=1, max=16)
     example = (torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])})
-    return lower(_built(quantize, form, **dict(overrides)), example,
-                 dynamic_shapes=({1: seq}, {"input_pos": None}), device=device)
+    dynamic = ({1: seq}, {"input_pos": None})
+    model = _built(quantize, form, **overrides)
+    if passes is None:
+        return lower(model, example, dynamic_shapes=dynamic, device=device)
+    from delegate.partitioner import WgpuPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    ep = torch.export.export(model, example, dynamic_shapes=dynamic)
+    edge = to_edge_transform_and_lower(ep, partitioner=[WgpuPartitioner(device, passes=passes)],
+                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    return edge.to_executorch()
+
+
+def llama_program(device, quantize=False, form="plain", passes=None, **overrides):
+    """lower_llama's program manager, lowered once a session per configuration: this file's
+    tests and the pass tests (test_pass_*.py) load the same ones, each load with its own
+    caches. An override equal to ARGS' own value is no override."""
+    changed = {k: v for k, v in overrides.items() if k not in ARGS or ARGS[k] != v}
+    return _llama_program(device, quantize, form, passes, **changed)
+
+
+_llama_program = once(lower_llama)
 
 
 def _lowered(device, quantize=False, form="plain", **overrides):
     """(eager model, loaded program, program manager) of one tiny Llama; eager is a twin
     holding the same weights (and, quantised, torchao's own int4 linears) and fresh caches."""
-    pm = _program(device, quantize, form, tuple(sorted(overrides.items())))
+    pm = llama_program(device, quantize, form, **overrides)
     eager = _built(quantize, form, **overrides)
     return eager, Runtime.get().load_program(pm.buffer, device=device), pm
 

@@ -13,7 +13,7 @@ from delegate.aot import undelegated_ops
 from delegate.ir import Graph, Node, SymbolBinding, SymExpr, TensorValue
 from tests.test_batch_norm import _blobs, _ops
 from tests.test_graph_plan import EXECUTORS, executor
-from tests.test_llm_et import _logits, _steps, custom_ops, int4_g32, run_steps, tiny_llama
+from tests.test_llm_et import _built, _logits, _steps, llama_program, run_steps
 from tests.test_models import run_pte
 from tests.test_pass_swiglu import _lower
 from tests.tolerances import tol
@@ -97,12 +97,9 @@ def test_slice_scatter_pair_writes_both_caches_as_slice_assignment(kind, rows, d
 
 # ---- where it fires: ExecuTorch's Llama ----------------------------------------------------------
 def _llama(device, quantize, form, passes=None):
-    model = int4_g32(tiny_llama()) if quantize else tiny_llama()
-    model = custom_ops(model) if form == "custom" else model
-    seq = torch.export.Dim("T", min=1, max=16)
-    example = [torch.randint(0, 128, (1, 4)), {"input_pos": torch.tensor([0])}]
-    return _lower(model, example, device, passes=passes,
-                  dynamic_shapes=({1: seq}, {"input_pos": None})), model
+    """(program manager, eager twin with the same weights): test_llm_et's tiny Llama, lowered
+    once a session per configuration."""
+    return llama_program(device, quantize, form, passes), _built(quantize, form)
 
 
 @pytest.mark.parametrize("form", ["plain", "custom"])   # index_put, llama.update_cache

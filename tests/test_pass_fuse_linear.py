@@ -256,13 +256,13 @@ def _tiny_llama_int4():
     return model
 
 
-@functools.lru_cache(maxsize=None)
 def _llama_lowered(device, passes=None):
-    """The tiny Llama with its KV cache, tokens [1, T] (T dynamic) and input_pos."""
-    seq = torch.export.Dim("T", min=1, max=16)
-    example = (torch.randint(0, 128, (1, 4)), {"input_pos": torch.tensor([0])})
-    return _lower(_tiny_llama_int4(), example, device, passes,
-                  dynamic_shapes=({1: seq}, {"input_pos": None}))
+    """The tiny Llama int4-g32 with its KV cache, tokens [1, T] (T dynamic) and input_pos,
+    lowered once a session per (device, passes): test_llm_et's cache, shared by the pass
+    tests (test_pass_residual_add.py, test_pass_linear_swiglu.py, ...)."""
+    from tests.test_llm_et import llama_program
+
+    return llama_program(device, quantize=True, passes=passes)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -5,8 +5,6 @@ References: the same program lowered without the pass (bit for bit), a float64 d
 then-matmul with silu in float64 (within the "q4gsw" tolerance), and, for ExecuTorch's own
 Llama, the program with only this pass toggled.
 """
-import functools
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,12 +14,12 @@ from delegate import passes
 from delegate.ops import get_op
 from delegate.errors import DelegateError
 from kernels_wgsl import q4gsw as wq
+from tests.once import once
 from tests.tolerances import tol
 
 pytest.importorskip("torchao")
 from tests.test_pass_fuse_linear import _blobs, _ops, _quantized, _run  # noqa: E402
-from tests.test_pass_swiglu import _lower as _lower_model  # noqa: E402
-from tests.test_llm_et import VOCAB, _steps, int4_g32, run_steps, tiny_llama  # noqa: E402
+from tests.test_llm_et import _steps, llama_program, run_steps  # noqa: E402
 from tests.test_q4gsw import golden  # noqa: E402
 from tests.test_q4gsw_wgsl import (GEMV_CONFIGS, VARIANTS, _device_variant,  # noqa: E402
                                    _force_gemv)
@@ -47,7 +45,7 @@ class GatedMLP(nn.Module):
         return self.form(b, a) if self.up_first else self.form(a, b)
 
 
-@functools.lru_cache(maxsize=None)
+@once   # one model per argument set, however spelled: _float64 reads the lowered one
 def _model(k=K, n=N, form="silu", up_first=False):
     return _quantized(GatedMLP(k, n, FORMS[form], up_first), (GS, GS))
 
@@ -63,7 +61,7 @@ def _lower(model, device, passes_=None, k=K, m_max=M_MAX):
     return edge.to_executorch()
 
 
-@functools.lru_cache(maxsize=None)
+@once   # the router picks kernels at load (_device_variant, _force_gemv): one lowering for all
 def _lowered(device, passes_=None, form="silu", up_first=False, k=K):
     return _lower(_model(k=k, form=form, up_first=up_first), device, passes_, k=k)
 
@@ -120,7 +118,7 @@ def test_gate_up_and_swiglu_become_one_op_with_the_unfused_bits(device, form, up
 def test_both_device_variants_keep_the_unfused_bits(monkeypatch, variant):
     """f16 tiles with the subgroup GEMV, and all-f32 with the workgroup GEMV."""
     gpu = _device_variant(monkeypatch, *VARIANTS[variant])
-    fused, plain = _lower(_model(), "webgpu"), _lower(_model(), "webgpu", UNFUSED_SPEC)
+    fused, plain = _lowered("webgpu"), _lowered("webgpu", UNFUSED_SPEC)
     for m in (1, 3):
         x = _x(m)
         _same_bits(fused, plain, x, "webgpu")
@@ -135,8 +133,7 @@ def test_every_gemv_config_pairs_gate_and_up(monkeypatch, subgroups, config):
     _device_variant(monkeypatch, False, subgroups)   # f32 tiles; GEMVs never use f16
     _force_gemv(monkeypatch, lambda k, n: config)
     k = 2080   # 65 groups of 32: chunks per lane ragged for every layout
-    model = _model(k=k)
-    fused, plain = _lower(model, "webgpu", k=k), _lower(model, "webgpu", UNFUSED_SPEC, k=k)
+    fused, plain = _lowered("webgpu", k=k), _lowered("webgpu", UNFUSED_SPEC, k=k)
     assert _same_bits(fused, plain, _x(1, k), "webgpu") == [f"{wq.GEMV} [linear_q4gsw_swiglu]"]
 
 
@@ -158,11 +155,9 @@ def test_split_k_keeps_the_unfused_bits(monkeypatch):
 
 # ---- ExecuTorch's Llama --------------------------------------------------------------------------
 def _llama_int4_pm(device, passes_=None):
-    """tests/test_llm_et.py's tiny Llama, int4 g32, tokens [1, T] (T dynamic) and input_pos."""
-    seq = torch.export.Dim("T", min=1, max=16)
-    example = [torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])}]
-    return _lower_model(int4_g32(tiny_llama()), example, device, passes=passes_,
-                        dynamic_shapes=({1: seq}, {"input_pos": None}))
+    """tests/test_llm_et.py's tiny Llama, int4 g32, tokens [1, T] (T dynamic) and input_pos,
+    lowered once a session per (device, passes)."""
+    return llama_program(device, quantize=True, passes=passes_)
 
 
 @pytest.mark.parametrize("device", DEVICES)

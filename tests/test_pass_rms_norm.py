@@ -6,8 +6,6 @@ anything else lowers byte-identically to the passes-off lowering.
 References: a float64 RMSNorm computed here; the same model lowered with passes="none"
 (UNFUSED); ExecuTorch's eager Llama (the model tolerance).
 """
-import functools
-
 import pytest
 import torch
 from torch import nn
@@ -18,7 +16,7 @@ from delegate.passes import PASSES, rms_norm
 from delegate.preprocess import lower_to_ir
 from delegate.runtime.program import Runtime
 from tests.test_batch_norm import _blobs, _ops
-from tests.test_llm_et import ARGS, VOCAB, _logits, _steps, tiny_llama
+from tests.test_llm_et import ARGS, _logits, _steps, llama_program, tiny_llama
 from tests.test_pass_swiglu import _lower, _run
 from tests.tolerances import tol
 
@@ -174,12 +172,9 @@ def _all_passes_but_this_one() -> str:
     return ",".join(n for n in PASSES if n != "rms_norm") or "none"
 
 
-@functools.lru_cache(maxsize=None)
 def _llama(device, passes=None):
-    seq = torch.export.Dim("T", min=1, max=16)
-    example = (torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])})
-    pm = _lower(tiny_llama(), example, device, passes,
-                dynamic_shapes=({1: seq}, {"input_pos": None}))
+    """test_llm_et's tiny Llama, lowered once a session per (device, passes)."""
+    pm = llama_program(device, passes=passes)
     assert undelegated_ops(pm) == []
     return pm
 

@@ -10,8 +10,6 @@ References: the kernel against a float64 per-channel loop written from the rotat
 definition; fused programs against the same model lowered with passes="none" (UNFUSED) and
 against eager float32 (the model tolerance).
 """
-import functools
-
 import pytest
 import torch
 from executorch.examples.models.llama.rope import (apply_rotary_emb, hf_apply_rotary_emb,
@@ -27,7 +25,8 @@ from delegate.passes import rope
 from tests.test_batch_norm import _blobs, _ops
 from tests.test_kernels_cpu import run, run1, threads  # noqa: F401  (threads: a fixture)
 from tests.test_kernels_wgsl import run_wgsl
-from tests.test_llm_et import VOCAB, _logits, _steps, run_steps, tiny_llama
+from tests.test_llm_et import (VOCAB, _logits, _steps, llama_program, lower_llama, run_steps,
+                               tiny_llama)
 from tests.test_models import run_pte
 from tests.test_pass_swiglu import _lower
 from tests.tolerances import tol
@@ -165,19 +164,18 @@ LAYERS = 2   # tests/test_llm_et.py's ARGS
 ALL_BUT_ROPE = ",".join(n for n in passes.PASSES if n != "rope")
 
 
-@functools.lru_cache(maxsize=None)   # a llama takes seconds to lower: once per argument set
 def _llama_pm(form, device, passes=None):
-    seq = torch.export.Dim("T", min=1, max=16)
-    example = [torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])}]
-    return _lower(tiny_llama(**FORMS[form][0]), example, device, passes=passes,
-                  dynamic_shapes=({1: seq}, {"input_pos": None}))
+    """A llama takes seconds to lower: once a session per argument set (test_llm_et's cache,
+    which the other pass tests share: "interleaved" is its plain tiny Llama)."""
+    return llama_program(device, passes=passes, **FORMS[form][0])
 
 
 def _llama_unpaired(form, device, monkeypatch):
-    """The llama lowered by every pass, with pairing off: two ropes per layer."""
+    """The llama lowered by every pass, with pairing off: two ropes per layer (not cached:
+    the cache's program was paired)."""
     with monkeypatch.context() as patch:
         patch.setattr(rope, "_pairable", lambda first, second, place: False)
-        return _llama_pm.__wrapped__(form, device)
+        return lower_llama(device, **FORMS[form][0])
 
 
 def _ropes(pm) -> list:

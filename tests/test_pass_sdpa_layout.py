@@ -21,7 +21,7 @@ from delegate.runtime.program import Runtime
 from tests.test_attention_wgsl import HEADS_MAJOR, LAYOUTS, READS, through_layouts
 from tests.test_batch_norm import _blobs, _ops
 from tests.test_kernels_cpu import run1
-from tests.test_llm_et import VOCAB, _logits, _steps, run_steps, tiny_llama
+from tests.test_llm_et import VOCAB, _logits, _steps, llama_program, run_steps, tiny_llama
 from tests.test_models import run_pte
 from tests.test_pass_swiglu import _lower
 from tests.tolerances import tol
@@ -32,10 +32,8 @@ UNFUSED_SPEC = ",".join(n for n in passes.PASSES if n != "sdpa_layout")
 
 
 def _llama_pm(device, passes=None):
-    seq = torch.export.Dim("T", min=1, max=16)
-    example = [torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])}]
-    return _lower(tiny_llama(), example, device, passes=passes,
-                  dynamic_shapes=({1: seq}, {"input_pos": None}))
+    """test_llm_et's tiny Llama, lowered once a session per (device, passes)."""
+    return llama_program(device, passes=passes)
 
 
 def _sdpa_layouts(pm) -> list:
