@@ -26,6 +26,7 @@ ranked by the decode step's GEMV time, each shape at its fastest schedule, and t
     python bench/q4gsw.py --quick    # small subset for lavapipe / CPU-only machines
     python bench/q4gsw.py --sweep-gemv                 # every GEMV config at the decode shapes
     python bench/q4gsw.py --sweep-gemv --quick --reps 2 --shrink 8   # the same, on lavapipe
+    python bench/q4gsw.py --profile-gemv    # the routed GEMV with parts cut: what each costs
     ETWGPU_ADAPTER=nvidia python bench/q4gsw.py --skip-cpu
 """
 from __future__ import annotations
@@ -520,6 +521,62 @@ def gemv_sweep(args) -> None:
     gpu.release()
 
 
+# ---- GEMV profile (--profile-gemv) -------------------------------------------------------------
+# Cuts of q4gsw_coop_gemv.wgsl, (text, replacement): the routed GEMV with its weight and scale
+# reads cached (one small region, L1 hits), then also its nibble decode dropped, then its eight
+# FMAs a word cut to one a chunk. The cut kernels' outputs are wrong by design and go unchecked.
+_GROUP_ROW = "    let g = (8u * WORDS * j) / GROUP * (p.n_pad / 4u);"
+_QUAD = "    return Quad(packed[r.x + j], packed[r.y + j], packed[r.z + j], packed[r.w + j]);"
+_DECODE = ("    let lo = bitcast<vec4<f32>>((vec4<u32>(word) & NIBBLE_MASK) | vec4<u32>(F32_2P23))\n"
+           "             - NIBBLE_BIAS;\n"
+           "    let hi = bitcast<vec4<f32>>((vec4<u32>(word >> 16u) & NIBBLE_MASK) | vec4<u32>(F32_2P23))\n"
+           "             - NIBBLE_BIAS;")
+_FIRST_WORD = "    var d = nibble_dot(w.x, xc.a0, xc.b0, 0.0);"
+_CHUNK_END = "    return d;\n}\n\nfn quad_dot"
+CACHED = ((_GROUP_ROW, "    let g = 0u;"), (_QUAD, _QUAD.replace("+ j]", "+ j % 8u]")))
+GEMV_PROFILE = (
+    ("full kernel", ()),
+    ("weights and scales cached", CACHED),
+    ("cached, no nibble decode", CACHED + ((_DECODE, "    let lo = bitcast<vec4<f32>>(vec4<u32>(word));\n"
+                                           "    let hi = bitcast<vec4<f32>>(vec4<u32>(word >> 16u));"),)),
+    ("cached, one fma a chunk", CACHED + (
+        (_FIRST_WORD, "    var d = fma(bitcast<f32>(w.x), xc.a0.x, 0.0);\n    if (false) {"),
+        (_CHUNK_END, "    }\n" + _CHUNK_END))))
+PROFILE_SHAPES = ((2048, 128256), (8192, 2048), (2048, 2048), (2048, 3072), (2048, 16384))
+
+
+def gemv_profile(args) -> None:
+    """The routed GEMV at the decode shapes with GEMV_PROFILE's cuts: what each part costs."""
+    import kernels_wgsl
+
+    gpu = open_gpu(args)
+    source = kernels_wgsl.source
+    print(f"GEMV profile: the routed kernel with parts cut; us, min of {gpu.trials} trials of "
+          f"{args.reps} back-to-back dispatches")
+    print(f"{'K':>6} {'N':>7} {'kernel':>26} " + " ".join(f"{n:>26}" for n, _ in GEMV_PROFILE))
+    for k, n in PROFILE_SHAPES:
+        k, n = k // args.shrink, n // args.shrink
+        spec = next(s for s, routed in q4_specs(gpu, 1, k, n) if routed)
+        row = []
+        for _, cuts in GEMV_PROFILE:
+            def cut_source(shader, prelude="", cuts=cuts):
+                text = source(shader, prelude)
+                for old, new in cuts if shader == spec.shader else ():
+                    if old not in text:
+                        raise SystemExit(f"profile: {spec.shader}.wgsl no longer has {old!r}")
+                    text = text.replace(old, new, 1)
+                return text
+            kernels_wgsl.source = cut_source
+            try:
+                t_ts, t_wall = time_q4(gpu, spec, 1, k, n, args.reps, check=not cuts)
+            finally:
+                kernels_wgsl.source = source
+            row.append(_best(t_ts, t_wall) * 1e6)
+        print(f"{k:>6} {n:>7} {spec.label:>26} " + " ".join(f"{t:>26.2f}" for t in row),
+              flush=True)
+    gpu.release()
+
+
 def cpu_table(args) -> None:
     import kernels_cpu
     from kernels_cpu import q4gsw  # noqa: F401  (registers the kernel)
@@ -570,7 +627,12 @@ def main(argv=None) -> int:
                     help="time every GEMV config at the decode shapes (only this)")
     ap.add_argument("--reps", type=int, default=50, help="dispatches per timed pass (sweep)")
     ap.add_argument("--shrink", type=int, default=1, help="divide the sweep's K and N by this")
+    ap.add_argument("--profile-gemv", action="store_true",
+                    help="the routed GEMV with its loads cached, decode and FMAs cut (only this)")
     args = ap.parse_args(argv)
+    if args.profile_gemv:
+        gemv_profile(args)
+        return 0
     if args.sweep_gemv:
         gemv_sweep(args)
         return 0
