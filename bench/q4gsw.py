@@ -35,6 +35,7 @@ import argparse
 import itertools
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -545,12 +546,32 @@ GEMV_PROFILE = (
 PROFILE_SHAPES = ((2048, 128256), (8192, 2048), (2048, 2048), (2048, 3072), (2048, 16384))
 
 
-def gemv_profile(args) -> None:
-    """The routed GEMV at the decode shapes with GEMV_PROFILE's cuts: what each part costs."""
+@contextmanager
+def shader_cut(shader: str, cuts):
+    """kernels_wgsl.source with each (text, replacement) of cuts made once in `shader`'s text,
+    for the pipelines built inside the block (the profiles' deliberately wrong kernels)."""
     import kernels_wgsl
 
-    gpu = open_gpu(args)
     source = kernels_wgsl.source
+
+    def cut_source(name, prelude=""):
+        text = source(name, prelude)
+        for old, new in cuts if name == shader else ():
+            if old not in text:
+                raise SystemExit(f"profile: {shader}.wgsl no longer has {old!r}")
+            text = text.replace(old, new, 1)
+        return text
+
+    kernels_wgsl.source = cut_source
+    try:
+        yield
+    finally:
+        kernels_wgsl.source = source
+
+
+def gemv_profile(args) -> None:
+    """The routed GEMV at the decode shapes with GEMV_PROFILE's cuts: what each part costs."""
+    gpu = open_gpu(args)
     print(f"GEMV profile: the routed kernel with parts cut; us, min of {gpu.trials} trials of "
           f"{args.reps} back-to-back dispatches")
     print(f"{'K':>6} {'N':>7} {'kernel':>26} " + " ".join(f"{n:>26}" for n, _ in GEMV_PROFILE))
@@ -559,18 +580,8 @@ def gemv_profile(args) -> None:
         spec = next(s for s, routed in q4_specs(gpu, 1, k, n) if routed)
         row = []
         for _, cuts in GEMV_PROFILE:
-            def cut_source(shader, prelude="", cuts=cuts):
-                text = source(shader, prelude)
-                for old, new in cuts if shader == spec.shader else ():
-                    if old not in text:
-                        raise SystemExit(f"profile: {spec.shader}.wgsl no longer has {old!r}")
-                    text = text.replace(old, new, 1)
-                return text
-            kernels_wgsl.source = cut_source
-            try:
+            with shader_cut(spec.shader, cuts):
                 t_ts, t_wall = time_q4(gpu, spec, 1, k, n, args.reps, check=not cuts)
-            finally:
-                kernels_wgsl.source = source
             row.append(_best(t_ts, t_wall) * 1e6)
         print(f"{k:>6} {n:>7} {spec.label:>26} " + " ".join(f"{t:>26.2f}" for t in row),
               flush=True)

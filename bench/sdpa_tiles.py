@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from bench.kernels import CASES, SdpaCase, time_ours
-from bench.q4gsw import Gpu
+from bench.q4gsw import Gpu, shader_cut
 from kernels_wgsl import attention
 
 PREFILL_CASES = [CASES[1], CASES[2],
@@ -89,30 +89,16 @@ def decode_rows(gpu: Gpu, reps: int) -> None:
     for keys in SPLIT_KEYS:
         attention.SPLIT_KEYS = keys
         t, labels = timed(gpu, DECODE_CASE, reps)
-        print(f"{keys:>10} {t * 1e6:>10.2f}  {labels}",
-              flush=True)
+        print(f"{keys:>10} {t * 1e6:>10.2f}  {labels}", flush=True)
     attention.SPLIT_KEYS = routed
 
 
 def profile_rows(gpu: Gpu, reps: int) -> None:
-    import kernels_wgsl
-
-    source = kernels_wgsl.source
     print("prefill profile: the routed kernel with its FMA loops cut; us")
     print(f"{'variant':>16} " + " ".join(f"{c.name:>40}" for c in PREFILL_CASES[:2]))
     for name, cuts in PROFILE:
-        def cut_source(shader, prelude="", cuts=cuts):
-            text = source(shader, prelude)
-            for old, new in cuts if shader == "attention" else ():
-                if old not in text:
-                    raise SystemExit(f"profile: attention.wgsl no longer has {old!r}")
-                text = text.replace(old, new)
-            return text
-        kernels_wgsl.source = cut_source
-        try:
+        with shader_cut("attention", cuts):
             times = [timed(gpu, c, reps, check=not cuts)[0] for c in PREFILL_CASES[:2]]
-        finally:
-            kernels_wgsl.source = source
         print(f"{name:>16} " + " ".join(f"{t * 1e6:>40.2f}" for t in times), flush=True)
 
 

@@ -4,9 +4,10 @@ decode steps matching eager on both executors, fp32 and torchao int4-g32."""
 import pytest
 import torch
 
-from delegate.aot import lower, undelegated_ops
+from delegate.aot import undelegated_ops
 from delegate.runtime.program import Runtime
 from tests.once import once
+from tests.test_pass_swiglu import _lower
 from tests.tolerances import tol
 
 VOCAB = 128
@@ -55,20 +56,11 @@ def _built(quantize: bool, form: str, **overrides):
 
 def lower_llama(device, quantize=False, form="plain", passes=None, **overrides):
     """The program manager of one tiny Llama, tokens [1, T] (T dynamic) and input_pos; passes
-    as WgpuPartitioner takes them (None: delegate.aot.lower, every pass)."""
+    as WgpuPartitioner takes them (None: every pass)."""
     seq = torch.export.Dim("T", min=1, max=16)
     example = (torch.randint(0, VOCAB, (1, 4)), {"input_pos": torch.tensor([0])})
-    dynamic = ({1: seq}, {"input_pos": None})
-    model = _built(quantize, form, **overrides)
-    if passes is None:
-        return lower(model, example, dynamic_shapes=dynamic, device=device)
-    from delegate.partitioner import WgpuPartitioner
-    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-
-    ep = torch.export.export(model, example, dynamic_shapes=dynamic)
-    edge = to_edge_transform_and_lower(ep, partitioner=[WgpuPartitioner(device, passes=passes)],
-                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
-    return edge.to_executorch()
+    return _lower(_built(quantize, form, **overrides), example, device, passes=passes,
+                  dynamic_shapes=({1: seq}, {"input_pos": None}))
 
 
 def llama_program(device, quantize=False, form="plain", passes=None, **overrides):
