@@ -16,6 +16,7 @@ Every figure is the minimum over repeated runs (the machine is shared and noisy)
 from __future__ import annotations
 
 import argparse
+import statistics
 import struct
 import sys
 import time
@@ -206,12 +207,18 @@ def warm_gpu(m, x, seconds: float = 1.5) -> None:
 
 
 def _dispatch_rows(executor, x, runs: int = 5) -> list:
-    """Each dispatch's GPU time in a pass of its own, and what it adds to one pass holding the
-    dispatches before it (the min of each prefix pass over runs, less the previous one's):
-    the profile under the sums."""
+    """Each dispatch's GPU time in a pass of its own, what it adds to one pass holding the
+    dispatches before it (the min of each prefix pass over runs, less the previous one's),
+    and what leaving it out saves from the whole pass (the median over runs: each run's saving
+    is a difference of two passes, so a min or max of them picks noise): the profile under
+    the sums, and what fusing a dispatch away could win at most."""
     own: dict = {}
     prefix: dict = {}
+    saved: dict = {}
     for _ in range(runs):
+        _, dropped, _ = executor.execute_profiled([x], mode="dropped")
+        for i, (_, t) in enumerate(dropped):
+            saved.setdefault(i, []).append(t * 1e6)
         _, times, _ = executor.execute_profiled([x])
         for i, (label, t) in enumerate(times):
             own[(i, label)] = min(own.get((i, label), float("inf")), t * 1e6)
@@ -224,6 +231,8 @@ def _dispatch_rows(executor, x, runs: int = 5) -> list:
     for (i, label), t in own.items():
         rows += [(f"    {i}: {label}, own pass", t, "µs"),
                  (f"    {i}: {label}, adds to one pass", prefix[i] - prefix.get(i - 1, 0.0),
+                  "µs"),
+                 (f"    {i}: {label}, one pass without it saves", statistics.median(saved[i]),
                   "µs")]
     return rows
 

@@ -411,16 +411,32 @@ def test_profiled_execute_marginal_times_what_each_dispatch_adds_to_one_pass():
         ex.destroy()
 
 
-def test_profiled_execute_marginal_refuses_a_program_with_state():
+def test_profiled_execute_dropped_times_what_leaving_each_dispatch_out_saves():
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        x = torch.randn(6, 32)
+        _, each, _ = ex.execute_profiled([x])
+        outs, saved, clock = ex.execute_profiled([x], mode="dropped")
+        assert clock == "gpu" and [lab for lab, _ in saved] == [f"-{lab}" for lab, _ in each]
+        # the outputs are the whole pass's, not those of a pass that left a dispatch out
+        torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
+                                   **tol("model", "webgpu"))
+    finally:
+        ex.destroy()
+
+
+@pytest.mark.parametrize("mode", ["marginal", "dropped"])
+def test_profiled_execute_replaying_modes_refuse_a_program_with_state(mode):
     # replaying a stateful program's dispatches would apply its updates several times
     from tests.test_resident_state import _cache_program
 
     _, prog = _cache_program("webgpu")
     try:
         (_, ex), = prog.load_method("forward").delegates
-        with pytest.raises(InputError, match="'marginal' replays dispatches: expected a program "
+        with pytest.raises(InputError, match=f"'{mode}' replays dispatches: expected a program "
                                              "without state, got 1 state updates"):
-            ex.execute_profiled([torch.randn(1, 3, 5), torch.tensor([0])], mode="marginal")
+            ex.execute_profiled([torch.randn(1, 3, 5), torch.tensor([0])], mode=mode)
     finally:
         prog.destroy()
 

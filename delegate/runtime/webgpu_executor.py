@@ -57,7 +57,8 @@ SUBMIT_EVERY = 32
 # 224.7 -> 199.5 µs, T=512 3559 -> 3492 µs. ETWGPU_ENCODE_AHEAD=0 turns it off.
 ENCODE_AHEAD_ENV = "ETWGPU_ENCODE_AHEAD"
 MIN_BUFFER = 16
-PROFILE_MODES = ("each", "whole", "marginal")   # execute_profiled's ways to time
+PROFILE_MODES = ("each", "whole", "marginal", "dropped")   # execute_profiled's ways to time
+REPLAYING_MODES = ("marginal", "dropped")   # modes that run dispatches more than once
 
 
 @dataclass
@@ -519,12 +520,17 @@ class WebGpuExecutor:
           "marginal": pass k holds the first k dispatches, and entry k is what the k-th adds
                       to one pass (pass k's time less pass k - 1's). It replays dispatches, so
                       it suits programs whose dispatches may run again (a cache write at one
-                      position may; an in-place accumulation may not)."""
+                      position may; an in-place accumulation may not);
+          "dropped":  pass k holds every dispatch but the k-th, and entry k is what leaving
+                      it out saves from one pass (the whole pass's time less pass k's): what
+                      fusing the k-th away could win at most, where "marginal" charges a
+                      dispatch with the start-up of the pass when it comes first. It replays
+                      dispatches as "marginal" does; the outputs are the whole pass's."""
         if mode not in PROFILE_MODES:
             raise InputError(f"execute_profiled mode: expected one of {PROFILE_MODES}, "
                                 f"got {mode!r}")
-        if mode == "marginal" and self.graph.state_updates:
-            raise InputError(f"execute_profiled mode 'marginal' replays dispatches: expected a "
+        if mode in REPLAYING_MODES and self.graph.state_updates:
+            raise InputError(f"execute_profiled mode {mode!r} replays dispatches: expected a "
                              f"program without state, got {len(self.graph.state_updates)} "
                              f"state updates")
         b = self.plan.binding_for(inputs)
@@ -537,13 +543,18 @@ class WebGpuExecutor:
             passes, labels = [plan], [f"whole pass [{len(plan)} dispatches]"]
         elif mode == "marginal":
             passes, labels = [plan[:k + 1] for k in range(len(plan))], [f"+{x}" for x in labels]
+        elif mode == "dropped":   # the whole pass last: its outputs are the ones returned
+            passes = [plan[:k] + plan[k + 1:] for k in range(len(plan))] + [plan]
+            labels = [f"-{x}" for x in labels]
         else:
             passes = [[item] for item in plan]
-        outs, ticks = self._stamped(b, passes, inputs if mode == "marginal" else None)
+        outs, ticks = self._stamped(b, passes, inputs if mode in REPLAYING_MODES else None)
         # WebGPU timestamps are nanoseconds
         spans = [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(len(passes))]
         if mode == "marginal":
             spans = [t - (spans[i - 1] if i else 0.0) for i, t in enumerate(spans)]
+        elif mode == "dropped":
+            spans = [spans[-1] - t for t in spans[:-1]]
         return outs, list(zip(labels, spans)), "gpu"
 
     def _stamped(self, b, passes: list, replay_inputs=None) -> tuple:
