@@ -206,12 +206,12 @@ def warm_gpu(m, x, seconds: float = 1.5) -> None:
         m.execute([x])
 
 
-def _dispatch_rows(executor, x, runs: int = 5) -> list:
+def _dispatch_rows(executor, x, runs: int = 9) -> list:
     """Each dispatch's GPU time in a pass of its own, what it adds to one pass holding the
     dispatches before it (the min of each prefix pass over runs, less the previous one's),
-    and what leaving it out saves from the whole pass (the median over runs: each run's saving
-    is a difference of two passes, so a min or max of them picks noise): the profile under
-    the sums, and what fusing a dispatch away could win at most."""
+    and what leaving it out saves from the whole pass (the median over runs of each run's
+    difference of two passes run back to back): the profile under the sums, and what fusing
+    a dispatch away could win at most."""
     own: dict = {}
     prefix: dict = {}
     saved: dict = {}

@@ -524,8 +524,12 @@ class WebGpuExecutor:
           "dropped":  pass k holds every dispatch but the k-th, and entry k is what leaving
                       it out saves from one pass (the whole pass's time less pass k's): what
                       fusing the k-th away could win at most, where "marginal" charges a
-                      dispatch with the start-up of the pass when it comes first. It replays
-                      dispatches as "marginal" does; the outputs are the whole pass's."""
+                      dispatch with the start-up of the pass when it comes first. The whole
+                      pass and the n passes run back to back in one submit, so that each
+                      difference compares passes on an equally busy GPU (a submit of its own
+                      starts from idle, which moved these differences by +-5 us on an H100);
+                      then the inputs are uploaded again and the whole pass runs once more
+                      for the outputs. It replays dispatches, as "marginal" does."""
         if mode not in PROFILE_MODES:
             raise InputError(f"execute_profiled mode: expected one of {PROFILE_MODES}, "
                                 f"got {mode!r}")
@@ -543,24 +547,25 @@ class WebGpuExecutor:
             passes, labels = [plan], [f"whole pass [{len(plan)} dispatches]"]
         elif mode == "marginal":
             passes, labels = [plan[:k + 1] for k in range(len(plan))], [f"+{x}" for x in labels]
-        elif mode == "dropped":   # the whole pass last: its outputs are the ones returned
-            passes = [plan[:k] + plan[k + 1:] for k in range(len(plan))] + [plan]
+        elif mode == "dropped":
+            passes = [plan] + [plan[:k] + plan[k + 1:] for k in range(len(plan))] + [plan]
             labels = [f"-{x}" for x in labels]
         else:
             passes = [[item] for item in plan]
-        outs, ticks = self._stamped(b, passes, inputs if mode in REPLAYING_MODES else None)
+        fresh = {"marginal": range(1, len(passes)), "dropped": [len(passes) - 1]}.get(mode, [])
+        outs, ticks = self._stamped(b, passes, inputs, set(fresh))
         # WebGPU timestamps are nanoseconds
         spans = [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(len(passes))]
         if mode == "marginal":
             spans = [t - (spans[i - 1] if i else 0.0) for i, t in enumerate(spans)]
         elif mode == "dropped":
-            spans = [spans[-1] - t for t in spans[:-1]]
+            spans = [spans[0] - t for t in spans[1:-1]]
         return outs, list(zip(labels, spans)), "gpu"
 
-    def _stamped(self, b, passes: list, replay_inputs=None) -> tuple:
+    def _stamped(self, b, passes: list, inputs: list, fresh=frozenset()) -> tuple:
         """Run `passes` (lists of dispatches), each a compute pass with begin and end
-        timestamps: (outputs, int64 tensor of the 2 stamps per pass). With `replay_inputs`
-        each pass is a submit of its own after the inputs are uploaded again: a pass that
+        timestamps: (outputs, int64 tensor of the 2 stamps per pass). A pass whose index is
+        in `fresh` starts a submit of its own after the inputs are uploaded again: a pass that
         starts over from the inputs may find them overwritten by values the planner let
         share their buffers."""
         import wgpu
@@ -572,9 +577,9 @@ class WebGpuExecutor:
         try:
             encoder = device.create_command_encoder()
             for i, dispatches in enumerate(passes):
-                if replay_inputs is not None and i:
+                if i in fresh:
                     self._gpu.queue.submit([encoder.finish()])
-                    self._upload(b, replay_inputs)
+                    self._upload(b, inputs)
                     encoder = device.create_command_encoder()
                 writes = {"query_set": queries, "beginning_of_pass_write_index": 2 * i,
                           "end_of_pass_write_index": 2 * i + 1}
