@@ -395,33 +395,22 @@ def test_profiled_execute_whole_times_one_pass_of_every_dispatch():
         ex.destroy()
 
 
-def test_profiled_execute_marginal_times_what_each_dispatch_adds_to_one_pass():
+# "marginal": what each dispatch adds to the pass of those before it (labels "+");
+# "dropped": what leaving each out saves from the whole pass (labels "-"). Both replay
+# dispatches and must still return the whole pass's outputs.
+@pytest.mark.parametrize("mode, sign", [("marginal", "+"), ("dropped", "-")])
+def test_profiled_execute_replaying_modes_label_each_dispatch_and_return_its_outputs(mode, sign):
     graph, weights = dynamic_block()
     ex = WebGpuExecutor(graph, weights)
     try:
         x = torch.randn(6, 32)
         _, each, _ = ex.execute_profiled([x])
-        outs, added, clock = ex.execute_profiled([x], mode="marginal")
-        assert clock == "gpu" and [lab for lab, _ in added] == [f"+{lab}" for lab, _ in each]
+        outs, rows, clock = ex.execute_profiled([x], mode=mode)
+        assert clock == "gpu" and [lab for lab, _ in rows] == [f"{sign}{lab}" for lab, _ in each]
         torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
                                    **tol("model", "webgpu"))
         with pytest.raises(InputError, match="execute_profiled mode: expected one of"):
             ex.execute_profiled([x], mode="sum")
-    finally:
-        ex.destroy()
-
-
-def test_profiled_execute_dropped_times_what_leaving_each_dispatch_out_saves():
-    graph, weights = dynamic_block()
-    ex = WebGpuExecutor(graph, weights)
-    try:
-        x = torch.randn(6, 32)
-        _, each, _ = ex.execute_profiled([x])
-        outs, saved, clock = ex.execute_profiled([x], mode="dropped")
-        assert clock == "gpu" and [lab for lab, _ in saved] == [f"-{lab}" for lab, _ in each]
-        # the outputs are the whole pass's, not those of a pass that left a dispatch out
-        torch.testing.assert_close(outs[0], block_reference(weights, x.double()).float(),
-                                   **tol("model", "webgpu"))
     finally:
         ex.destroy()
 
