@@ -543,17 +543,18 @@ class WebGpuExecutor:
         if not self._gpu.has_timestamps or len(b.payload.parts) > 1:
             return self._wall_profiled(b, inputs, attrs_now)
         labels = [f"{d.spec.entry} [{d.op}]" for d, _ in plan]
+        fresh: set = set()   # passes that start over from the inputs (replaying modes)
         if mode == "whole":
             passes, labels = [plan], [f"whole pass [{len(plan)} dispatches]"]
         elif mode == "marginal":
             passes, labels = [plan[:k + 1] for k in range(len(plan))], [f"+{x}" for x in labels]
+            fresh = set(range(1, len(passes)))
         elif mode == "dropped":
             passes = [plan] + [plan[:k] + plan[k + 1:] for k in range(len(plan))] + [plan]
-            labels = [f"-{x}" for x in labels]
+            labels, fresh = [f"-{x}" for x in labels], {len(passes) - 1}
         else:
             passes = [[item] for item in plan]
-        fresh = {"marginal": range(1, len(passes)), "dropped": [len(passes) - 1]}.get(mode, [])
-        outs, ticks = self._stamped(b, passes, inputs, set(fresh))
+        outs, ticks = self._stamped(b, passes, inputs, fresh)
         # WebGPU timestamps are nanoseconds
         spans = [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(len(passes))]
         if mode == "marginal":
