@@ -186,7 +186,7 @@ def block(args) -> list:
             ("  ratio ours / XNNPACK", ours / xnn, "x")]
 
 
-def llama_layer(small: bool = False, max_seq: int = 2048):
+def llama_layer(small: bool = False, max_seq: int = 2048, passes=None):
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerGroup
 
@@ -195,7 +195,7 @@ def llama_layer(small: bool = False, max_seq: int = 2048):
     quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)))
     seq = torch.export.Dim("seq", min=1, max=max_seq)
     return lower(model, (torch.randn(1, 16, dim),), dynamic_shapes=({1: seq},),
-                 device="webgpu").buffer
+                 device="webgpu", passes=passes).buffer
 
 
 def warm_gpu(m, x, seconds: float = 1.5) -> None:
@@ -269,8 +269,33 @@ def llama(args) -> list:
                   "x"),
                  ("  host (wall - GPU one pass) / budget", (wall * 1e3 - one) / (6 * n + 200),
                   "x")] + _dispatch_rows(executor, x)
+    rows += _norm_fusion_rows(args, executor)
     prog.destroy()
     return rows
+
+
+def _norm_fusion_rows(args, fused, rounds: int = 5) -> list:
+    """The T=1 layer's one pass with the norms in their linears' GEMV prologues (all passes,
+    `fused`) and as dispatches of their own (rms_norm_linear off), each the min of `rounds`
+    alternated with the other in this run: what that fusion saves."""
+    from delegate.passes import PASSES
+
+    spec = ",".join(n for n in PASSES if n != "rms_norm_linear")
+    prog, m = load(llama_layer(args.small, passes=spec), "webgpu")
+    (_, plain), = m.delegates
+    x = torch.randn(1, 1, 256 if args.small else 2048)
+    best = {"fused": float("inf"), "plain": float("inf")}
+    for _ in range(rounds):
+        for name, executor in (("fused", fused), ("plain", plain)):
+            best[name] = min(best[name], _gpu_us(executor, x, mode="whole", runs=3))
+    n = {name: len(e.plan.binding_for([x]).payload.dispatches)
+         for name, e in (("fused", fused), ("plain", plain))}
+    prog.destroy()
+    return [(f"llama layer T=1 webgpu, one pass: norms fused ({n['fused']} dispatches)",
+             best["fused"], "µs"),
+            (f"  norms as dispatches of their own ({n['plain']}, rms_norm_linear off)",
+             best["plain"], "µs"),
+            ("  fused / unfused", best["fused"] / best["plain"], "x")]
 
 
 _PARAMS_SHADER = """

@@ -15,12 +15,13 @@ FLOWS = ("transform_and_lower", "to_backend")
 
 
 def lower(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None,
-          device: str = "webgpu", flow: str = "transform_and_lower"):
-    """Return the ExecutorchProgramManager; `.buffer` is the .pte."""
+          device: str = "webgpu", flow: str = "transform_and_lower", passes=None):
+    """Return the ExecutorchProgramManager; `.buffer` is the .pte. `passes`: the partitioner's
+    graph passes (delegate/passes: names joined by commas, "none"; None: all)."""
     if flow not in FLOWS:
         raise DelegateError(f"flow: expected one of {FLOWS}, got {flow!r}")
     ep = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-    partitioner = WgpuPartitioner(device=device)
+    partitioner = WgpuPartitioner(device=device, passes=passes)
     config = EdgeCompileConfig(_check_ir_validity=False)
     if flow == "transform_and_lower":
         edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)

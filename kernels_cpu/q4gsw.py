@@ -20,6 +20,10 @@ written straight into its own output. Tiles never straddle two outputs and each 
 tiled as its own linear_q4gsw would be, so every torch call is the unfused one's: the outputs
 are bit-identical to the unfused linears.
 
+With norm_eps (delegate/passes/rms_norm_linear.py), linear_q4gsw_multi and linear_q4gsw_swiglu
+first run the rms_norm kernel (kernels_cpu/normalization.py) on x into the front of their scratch
+and take that as x: the unfused rms_norm's calls, so its bits.
+
 linear_q4gsw_swiglu (gate/up and their SwiGLU product) holds the two weights' rows
 interleaved; it computes the gate tiles into its output and the up tiles into scratch, tiled
 and called as linear_q4gsw_multi does, then runs silu_mul's chunks over the two: the unfused
@@ -38,6 +42,7 @@ import torch
 from delegate.shape_math import numel
 from kernels_cpu import register_kernel
 from kernels_cpu.elementwise import map_chunks, silu_mul_chunk
+from kernels_cpu.normalization import rms_norm
 from kernels_cpu.threadpool import get_pool, typed, worker_slices
 
 # The float32 weight tile a worker dequantizes at once.
@@ -73,8 +78,27 @@ def scratch_nbytes(in_shapes, attrs, workers: int) -> int:
     return _scratch(attrs["K"], [attrs["N"]], workers)
 
 
+def _norm_nbytes(in_shapes, attrs) -> int:
+    """Scratch of the normalized x, in front of the rest (0 without a fused norm)."""
+    if attrs.get("norm_eps") is None:
+        return 0
+    return (numel(in_shapes[0]) * 4 + 63) // 64 * 64
+
+
+def normalized(ins, attrs, scratch) -> tuple:
+    """(x, the scratch after it): ins[0], or with norm_eps rms_norm(ins[0], ins[3]) computed
+    by the rms_norm kernel into the front of scratch."""
+    nbytes = _norm_nbytes([tuple(ins[0].shape)], attrs)
+    if not nbytes:
+        return ins[0], scratch
+    y = typed(scratch, torch.float32, tuple(ins[0].shape))
+    rms_norm([ins[0], ins[3]], [y], {"normalized_shape": [attrs["K"]], "eps": attrs["norm_eps"]},
+             None)
+    return y, scratch[nbytes:]
+
+
 def multi_scratch_nbytes(in_shapes, attrs, workers: int) -> int:
-    return _scratch(attrs["K"], attrs["widths"], workers)
+    return _norm_nbytes(in_shapes, attrs) + _scratch(attrs["K"], attrs["widths"], workers)
 
 
 def dequantize_tile(packed_u8: torch.Tensor, scales: torch.Tensor, n0: int, n1: int,
@@ -146,7 +170,8 @@ def linear_q4gsw(ins, outs, attrs, scratch):
 @register_kernel("linear_q4gsw_multi", scratch_nbytes=multi_scratch_nbytes)
 def linear_q4gsw_multi(ins, outs, attrs, scratch):
     k, widths = attrs["K"], attrs["widths"]
-    _dequant_gemm(ins[0], concatenated(ins[1], ins[2], k, widths), None, outs, k,
+    x, scratch = normalized(ins, attrs, scratch)
+    _dequant_gemm(x, concatenated(ins[1], ins[2], k, widths), None, outs, k,
                   attrs["group_size"], widths, scratch)
 
 
@@ -156,7 +181,8 @@ def _up_nbytes(in_shapes, attrs) -> int:
 
 def swiglu_scratch_nbytes(in_shapes, attrs, workers: int) -> int:
     half = attrs["N"] // 2
-    return _up_nbytes(in_shapes, attrs) + _scratch(attrs["K"], [half, half], workers)
+    return (_norm_nbytes(in_shapes, attrs) + _up_nbytes(in_shapes, attrs)
+            + _scratch(attrs["K"], [half, half], workers))
 
 
 @register_kernel("linear_q4gsw_swiglu", scratch_nbytes=swiglu_scratch_nbytes)
@@ -164,8 +190,9 @@ def linear_q4gsw_swiglu(ins, outs, attrs, scratch):
     """The gate into out and the up into scratch, each as its own linear_q4gsw would compute
     it, then silu_mul's own chunks (kernels_cpu/elementwise.py) over them: the unfused bits."""
     k, half, out = attrs["K"], attrs["N"] // 2, outs[0]
+    x, scratch = normalized(ins, attrs, scratch)
     up_bytes = _up_nbytes([tuple(ins[0].shape)], attrs)
     up = typed(scratch, torch.float32, tuple(out.shape))
-    _dequant_gemm(ins[0], interleaved(ins[1], ins[2], k, half), None, [out, up], k,
+    _dequant_gemm(x, interleaved(ins[1], ins[2], k, half), None, [out, up], k,
                   attrs["group_size"], [half, half], scratch[up_bytes:])
     map_chunks(silu_mul_chunk, out, out, up)

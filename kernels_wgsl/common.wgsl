@@ -54,3 +54,17 @@ fn max_nan(a: f32, b: f32) -> f32 {
 fn min_nan(a: f32, b: f32) -> f32 {
     return keep_nan(keep_nan(min(a, b), b), a);
 }
+
+// 1/sqrt(ms) with IEEE's ends written out (WGSL leaves inverseSqrt of Inf and NaN undefined):
+// a row holding Inf gives 0 (so its finite elements give 0, the Inf NaN, as torch), NaN stays.
+// rms_norm's, in normalization.wgsl and in the q4gsw GEMV's fused-norm prologue.
+fn rsqrt_of(ms: f32) -> f32 {
+    return keep_nan(select(inverseSqrt(ms), 0.0, is_inf(ms)), ms);
+}
+
+// ss + the sum of v's squares, every product an explicit fma or its addend, so that no
+// compiler contraction is left open: rms_norm's partial sums (normalization.wgsl) and the
+// GEMV prologue that recomputes them (q4gsw_prologue_norm.wgsl) get the same bits.
+fn add_squares4(ss: f32, v: vec4<f32>) -> f32 {
+    return ss + (fma(v.y, v.y, v.x * v.x) + fma(v.w, v.w, v.z * v.z));
+}

@@ -3,7 +3,8 @@
 //   layer_norm: out = (x - mean) / sqrt(var + eps) * w + b   (two-pass variance)
 //
 // The prelude (normalization.py) picks the lane type V: vec4<f32> where d % 4 == 0, else f32,
-// with LANES its width and total(v) the sum of its components. A row is p.d / LANES lanes.
+// with LANES its width, total(v) the sum of its components and add_squares(ss, v) ss plus the
+// sum of their squares (common.wgsl's add_squares4: explicit fmas). A row is p.d / LANES lanes.
 // Each thread keeps its first HELD lanes of the row in registers, loaded back to back before
 // any is used: a row of up to WG * HELD * LANES elements (2048 with vec4) is read from memory
 // once, as a handful of independent loads per thread. (The f32 loop this replaced issued its
@@ -46,12 +47,6 @@ fn sum_all(v: f32, lid: u32) -> f32 {
     return r;
 }
 
-// 1/sqrt(ms) with IEEE's ends written out (WGSL leaves inverseSqrt of Inf and NaN undefined):
-// a row holding Inf gives 0 (so its finite elements give 0, the Inf NaN, as torch), NaN stays.
-fn rsqrt_of(ms: f32) -> f32 {
-    return keep_nan(select(inverseSqrt(ms), 0.0, is_inf(ms)), ms);
-}
-
 fn scaled(v: V, i: u32) -> V {
     var r = v;
     if (HAS_WEIGHT) {
@@ -85,14 +80,16 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let n = p.d / LANES;
     let base = row * n;
     let h = held_lanes(base, n, lid);
+    // partial lid sums lanes lid, lid + WG, .. in order; the q4gsw GEMV's fused-norm prologue
+    // (q4gsw_prologue_norm.wgsl) recomputes these partials, this tree and r bit for bit
     var ss = 0.0;
     for (var k = 0u; k < HELD; k = k + 1u) {
         if (lid + k * WG < n) {
-            ss = ss + total(h[k] * h[k]);
+            ss = add_squares(ss, h[k]);
         }
     }
     for (var i = lid + HELD * WG; i < n; i = i + WG) {
-        ss = ss + total(x[base + i] * x[base + i]);
+        ss = add_squares(ss, x[base + i]);
     }
     let r = rsqrt_of(sum_all(ss, lid) / f32(p.d) + p.eps);
     for (var k = 0u; k < HELD; k = k + 1u) {

@@ -40,7 +40,14 @@ config take the same epilogue:
                                gate's and up's rows interleaved, out [..., N/2] =
                                silu(column 2j) * column 2j + 1, stored by store_pair()
 A fused op is routed as one linear of the total N; every column's value is the one its own
-linear_q4gsw would give (bit for bit), whichever kernel runs. The GEMV and the 128x128 tile
+linear_q4gsw would give (bit for bit), whichever kernel runs.
+
+How a kernel reads x is the GEMV's prologue, which the prelude also supplies (begin_x, x_at):
+plain, or for a fused RMSNorm (norm_eps set, delegate/passes/rms_norm_linear.py)
+q4gsw_prologue_norm.wgsl, which recomputes the norm's statistics per workgroup and normalizes
+x as it loads it, the rms_norm kernel's bits. At M > 1 such an op instead runs the rms_norm
+kernel itself (normalization.py) into scratch 0, and its GEMMs read that as x; split K's
+partials are then scratch 1. The GEMV and the 128x128 tile
 store a thread's columns as pairs (2j, 2j + 1), which the SwiGLU epilogue needs; the 64x64
 tile does not, so linear_q4gsw_swiglu runs the 128x128 tile at every M > 1.
 """
@@ -49,8 +56,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import dataclasses
+import struct
+from typing import Optional
+
 from delegate.errors import UnsupportedError
 from kernels_wgsl import Dispatch, groups, numel, register_wgsl, words
+from kernels_wgsl.normalization import rms_norm_dispatch, rms_norm_params
 
 GEMM, GEMM128, GEMV = "q4gsw_steel_gemm", "q4gsw_steel_gemm128", "q4gsw_coop_gemv"
 TILE, TILE128 = 64, 128
@@ -84,6 +96,48 @@ class Epilogue:
     constants: tuple
 
 
+    def reading(self, x: int) -> "Epilogue":
+        """The same, with binding 1 (x) reading operand x."""
+        return dataclasses.replace(self, args=(x,) + tuple(self.args[1:]))
+
+
+@dataclass(frozen=True)
+class Norm:
+    """An op's fused RMSNorm (norm_eps set): its weight is input 3, and at M > 1 the
+    normalized x is scratch operand `scratch`, of `nbytes` at the upper-bound M."""
+    eps: float
+    scratch: int
+    nbytes: int
+
+    def gemv_prologue(self, k: int) -> str:
+        eps_bits = struct.unpack("<I", struct.pack("<f", self.eps))[0]   # as words() rounds it
+        return "\n".join([f"const NORM_K: u32 = {k}u;",
+                          f"fn norm_eps() -> f32 {{ return bitcast<f32>({eps_bits}u); }}",
+                          (_DIR / "q4gsw_prologue_norm.wgsl").read_text()])
+
+    def dispatch(self) -> Dispatch:
+        """rms_norm of x (operand 0) by weight 3 into the scratch, at M > 1."""
+        def sizes(ins, outs, attrs):
+            m, k = _live_m(ins), int(attrs["K"])
+            return rms_norm_params(m, k, self.eps), (m if m > 1 else 0)
+
+        return rms_norm_dispatch(0, 3, self.scratch, sizes, True, (self.nbytes,))
+
+
+PLAIN_PROLOGUE = "fn begin_x(lane: u32) {}\nfn x_at(q: u32) -> vec4<f32> { return x[q]; }"
+NORM_WORKGROUP_BYTES = 4 * 128   # q4gsw_prologue_norm.wgsl's norm_red
+
+
+def fused_norm(ins, outs, attrs, info) -> Optional[Norm]:
+    """The op's Norm, None without norm_eps. Its scratch is the first after the outputs."""
+    if attrs.get("norm_eps") is None:
+        return None
+    if not info.scratch:
+        raise UnsupportedError("a q4gsw op with a fused RMSNorm: expected the executor to bind "
+                               "scratch for its M > 1 path, got BuildInfo.scratch False")
+    return Norm(float(attrs["norm_eps"]), len(ins) + len(outs), numel(ins[0]) * 4)
+
+
 def bias_epilogue(has_bias: bool, has_residual: bool = False) -> Epilogue:
     """linear_q4gsw: operands x, packed, scales, bias (absent: a dummy), then the residual
     when the node has one, then out; binding 6 is the residual (absent: a dummy)."""
@@ -93,21 +147,23 @@ def bias_epilogue(has_bias: bool, has_residual: bool = False) -> Epilogue:
                     (("HAS_BIAS", int(has_bias)), ("HAS_RESIDUAL", int(has_residual))))
 
 
-def split_epilogue(widths) -> Epilogue:
-    """linear_q4gsw_multi: operands x, packed, scales, then one output per width (a pair's
-    third binding is a dummy that nothing writes)."""
+def split_epilogue(widths, inputs: int = 3) -> Epilogue:
+    """linear_q4gsw_multi: operands x, packed, scales (and a fused norm's weight: `inputs`
+    4), then one output per width (a pair's third binding is a dummy that nothing writes)."""
     widths = [int(w) for w in widths]
     if not 2 <= len(widths) <= MAX_OUTPUTS:
         raise UnsupportedError(f"linear_q4gsw_multi outputs: expected 2 to {MAX_OUTPUTS}, "
                                f"got {len(widths)}")
-    outs = tuple(3 + i if i < len(widths) else None for i in range(MAX_OUTPUTS))
+    outs = tuple(inputs + i if i < len(widths) else None for i in range(MAX_OUTPUTS))
     return Epilogue((_DIR / "q4gsw_epilogue_split.wgsl").read_text(), (0, 1, 2) + outs, outs,
                     (("N0", widths[0]), ("N1", widths[1])))
 
 
-def swiglu_epilogue() -> Epilogue:
-    """linear_q4gsw_swiglu: operands x, packed (gate and up rows interleaved), scales, out."""
-    return Epilogue((_DIR / "q4gsw_epilogue_swiglu.wgsl").read_text(), (0, 1, 2, 3), (3,), ())
+def swiglu_epilogue(inputs: int = 3) -> Epilogue:
+    """linear_q4gsw_swiglu: operands x, packed (gate and up rows interleaved), scales (and a
+    fused norm's weight: `inputs` 4), out."""
+    return Epilogue((_DIR / "q4gsw_epilogue_swiglu.wgsl").read_text(), (0, 1, 2, inputs),
+                    (inputs,), ())
 
 
 def q4_params(m: int, attrs: dict, tile: int) -> bytes:
@@ -176,10 +232,10 @@ def partials_bytes(ins, n: int, info) -> int:
     return nbytes if fits else 0
 
 
-def split_gemm(f16: bool, n: int, k: int, epi: Epilogue, operands: int, scratch: int) -> list:
+def split_gemm(f16: bool, n: int, k: int, epi: Epilogue, operands: int, scratch: tuple) -> list:
     """Split K's two dispatches, live at M >= TILE128_MIN_M: the 128x128 tile per (chunk,
-    tile) writing partials (scratch operand `operands`), then the ordered sum of the chunks
-    stored through the epilogue."""
+    tile) writing partials (scratch operand `operands`, the last of the `scratch` sizes), then
+    the ordered sum of the chunks stored through the epilogue."""
     splits = k_splits(k)
     runs = lambda m: m >= TILE128_MIN_M   # noqa: E731
 
@@ -194,7 +250,7 @@ def split_gemm(f16: bool, n: int, k: int, epi: Epilogue, operands: int, scratch:
 
     args, writes = _pad7(epi.args, operands), tuple(epi.writes) + (operands,)
     extra = {"prelude": _tile_prelude(TILE128, f16, splits, K_SPLIT) + "\n" + epi.wgsl,
-             "scratch": (scratch,)}
+             "scratch": tuple(scratch)}
     tag = "_f16" if f16 else "_f32"
     return [Dispatch(GEMM128, GEMM128, args, writes, gemm_sizes, epi.constants,
                      label=f"{GEMM128}_splitk{tag}", **extra),
@@ -247,19 +303,20 @@ class GemvConfig:
         return (f"w{self.words} l{self.lanes} c{self.cols} u{self.unroll}"
                 + (" xs" if self.x_staged else ""))
 
-    def workgroup_bytes(self, subgroups: bool) -> int:
-        """Workgroup memory: the reduction's (per subgroup, or per lane and column) and x's."""
+    def workgroup_bytes(self, subgroups: bool, norm: bool = False) -> int:
+        """Workgroup memory: the reduction's (per subgroup, or per lane and column), x's and a
+        fused norm's."""
         sums = 16 * 4 * (self.lanes // 4) if subgroups else 4 * self.cols * self.lanes
-        return sums + 16 * self.x_stage_len()
+        return sums + 16 * self.x_stage_len() + (NORM_WORKGROUP_BYTES if norm else 0)
 
     def x_stage_len(self) -> int:
         return 2 * self.words * (self.unroll * self.lanes + 1) if self.x_staged else 1
 
-    def fits(self, gpu, subgroups: bool) -> bool:
+    def fits(self, gpu, subgroups: bool, norm: bool = False) -> bool:
         limits = gpu.limits
         return (self.lanes <= limits.get("max-compute-invocations-per-workgroup", 256)
                 and self.lanes <= limits.get("max-compute-workgroup-size-x", 256)
-                and self.workgroup_bytes(subgroups)
+                and self.workgroup_bytes(subgroups, norm)
                 <= limits.get("max-compute-workgroup-storage-size", 16384))
 
     def prelude(self, group_size: int) -> str:
@@ -287,7 +344,7 @@ def gemv_layout(k: int, gpu) -> tuple:
     return GEMV_WORDS, 64
 
 
-def gemv_config(k: int, n: int, gpu, subgroups: bool) -> GemvConfig:
+def gemv_config(k: int, n: int, gpu, subgroups: bool, norm: bool = False) -> GemvConfig:
     """The routed GEMV: the layout of K; below GEMV_WIDE_N 4 columns and as many chunks per
     loop step as a lane has (up to 4), from it 8 columns a chunk a step; fewer columns where
     workgroup memory is short (no bit changes)."""
@@ -298,63 +355,87 @@ def gemv_config(k: int, n: int, gpu, subgroups: bool) -> GemvConfig:
     if n >= GEMV_WIDE_N:
         cols, unroll = 8, 1
     config = GemvConfig(words, lanes, cols, unroll)
-    while not config.fits(gpu, subgroups) and config.cols > 4:
+    while not config.fits(gpu, subgroups, norm) and config.cols > 4:
         config = GemvConfig(words, lanes, config.cols // 2, unroll)
     return config
 
 
 def coop_gemv(subgroups: bool, n: int, epi: Epilogue, runs, config: GemvConfig,
-              group_size: int) -> Dispatch:
-    """The GEMV of `config`, its cross-lane sums by subgroupAdd or through workgroup memory."""
+              group_size: int, norm: Optional[Norm] = None, k: int = 0) -> Dispatch:
+    """The GEMV of `config`, its cross-lane sums by subgroupAdd or through workgroup memory,
+    x read plainly or, with `norm` (K = k), normalized by its prologue (weight: binding 7)."""
 
     def sizes(ins, outs, attrs):
         m = _live_m(ins)
         return q4_params(m, attrs, 1), (groups(n, config.cols) if runs(m, n) else 0)
 
     reduce = (_DIR / GEMV_REDUCE[subgroups]).read_text()
-    return Dispatch(GEMV, GEMV, epi.args, epi.writes, sizes, epi.constants,
+    prologue = PLAIN_PROLOGUE if norm is None else norm.gemv_prologue(k)
+    args = epi.args if norm is None else _pad7(epi.args, 3)
+    return Dispatch(GEMV, GEMV, args, epi.writes, sizes, epi.constants,
                     label=GEMV + ("_subgroup" if subgroups else ""),
-                    prelude="\n".join([config.prelude(group_size), reduce, epi.wgsl]))
+                    prelude="\n".join([config.prelude(group_size), reduce, prologue, epi.wgsl]))
 
 
-def routed(ins, outs, attrs: dict, epi: Epilogue, info) -> list:
+def _gemv(ins, outs, attrs, epi: Epilogue, info, norm: Optional[Norm]) -> Dispatch:
+    """The op's GEMV, live at M == 1."""
+    k, n, group_size = int(attrs["K"]), int(attrs["N"]), int(attrs["group_size"])
+    subgroups = bool(info.gpu.has_subgroups)
+    config = gemv_config(k, n, info.gpu, subgroups, norm is not None)
+    return coop_gemv(subgroups, n, epi, lambda m, n: m == 1, config, group_size, norm, k)
+
+
+def _split(f16: bool, n: int, k: int, epi: Epilogue, ins, outs, norm, partials: int) -> list:
+    """split_gemm's dispatches, its partials the scratch after a fused norm's."""
+    first = len(ins) + len(outs)
+    if norm is None:
+        return split_gemm(f16, n, k, epi, first, (partials,))
+    return split_gemm(f16, n, k, epi, first + 1, (norm.nbytes, partials))
+
+
+def _normed(norm: Optional[Norm], gemms: list, gemv: Dispatch) -> list:
+    """A fused norm's rms_norm dispatch first (live at M > 1), then the GEMMs and the GEMV."""
+    return ([] if norm is None else [norm.dispatch()]) + gemms + [gemv]
+
+
+def routed(ins, outs, attrs: dict, epi: Epilogue, info, norm: Optional[Norm] = None) -> list:
     """Every kernel one q4gsw op of N columns may run, each live only at the M it fits:
     the GEMV at M == 1, else the 64x64 tile or, where it fits and pays, the 128x128 one; with
-    split K, the 64x64 tile below TILE128_MIN_M and the split 128x128 tile from it."""
-    k, n, group_size = int(attrs["K"]), int(attrs["N"]), int(attrs["group_size"])
+    split K, the 64x64 tile below TILE128_MIN_M and the split 128x128 tile from it. With a
+    fused norm, its rms_norm first at M > 1, whose output the GEMMs read as x."""
+    k, n = int(attrs["K"]), int(attrs["N"])
     f16 = TILES_F16 and bool(info.gpu.has_f16)
-    subgroups = bool(info.gpu.has_subgroups)
-    config = gemv_config(k, n, info.gpu, subgroups)
-    gemv = coop_gemv(subgroups, n, epi, lambda m, n: m == 1, config, group_size)
+    gemv = _gemv(ins, outs, attrs, epi, info, norm)
+    tiles = epi if norm is None else epi.reading(norm.scratch)
     if not tile128_fits(info.gpu, f16):
-        return [steel_gemm(TILE, f16, n, epi, lambda m, n: m > 1), gemv]
+        return _normed(norm, [steel_gemm(TILE, f16, n, tiles, lambda m, n: m > 1)], gemv)
     scratch = partials_bytes(ins, n, info)
     if scratch:
-        small = steel_gemm(TILE, f16, n, epi, lambda m, n: 1 < m < TILE128_MIN_M)
-        return [small, *split_gemm(f16, n, k, epi, len(ins) + len(outs), scratch), gemv]
-    small = steel_gemm(TILE, f16, n, epi, lambda m, n: m > 1 and not uses_tile128(m, n))
-    return [small, steel_gemm(TILE128, f16, n, epi, uses_tile128), gemv]
+        small = steel_gemm(TILE, f16, n, tiles, lambda m, n: 1 < m < TILE128_MIN_M)
+        return _normed(norm, [small, *_split(f16, n, k, tiles, ins, outs, norm, scratch)], gemv)
+    small = steel_gemm(TILE, f16, n, tiles, lambda m, n: m > 1 and not uses_tile128(m, n))
+    return _normed(norm, [small, steel_gemm(TILE128, f16, n, tiles, uses_tile128)], gemv)
 
 
-def routed_pairs(ins, outs, attrs: dict, epi: Epilogue, info) -> list:
+def routed_pairs(ins, outs, attrs: dict, epi: Epilogue, info, norm: Optional[Norm] = None) -> list:
     """The kernels of an op whose epilogue takes column pairs (2j, 2j + 1) from one thread:
     the GEMV at M == 1 and the 128x128 tile at any M > 1 (it fits WebGPU's default limits;
     the 64x64 tile's threads hold columns 16 apart), split from TILE128_MIN_M where routed()
-    splits. Every tile gives the bits routed() gives at that M."""
-    k, n, group_size = int(attrs["K"]), int(attrs["N"]), int(attrs["group_size"])
+    splits. Every tile gives the bits routed() gives at that M. A fused norm as routed()."""
+    k, n = int(attrs["K"]), int(attrs["N"])
     f16 = TILES_F16 and bool(info.gpu.has_f16)
     if not tile128_fits(info.gpu, f16):
         raise UnsupportedError(f"linear_q4gsw_swiglu: expected the device to fit the 128x128 "
                                f"tile ({tile128_bytes(f16)} B of workgroup memory, "
                                f"{TILE128_THREADS} invocations), got limits {info.gpu.limits}")
-    subgroups = bool(info.gpu.has_subgroups)
-    config = gemv_config(k, n, info.gpu, subgroups)
-    gemv = coop_gemv(subgroups, n, epi, lambda m, n: m == 1, config, group_size)
+    gemv = _gemv(ins, outs, attrs, epi, info, norm)
+    tiles = epi if norm is None else epi.reading(norm.scratch)
     scratch = partials_bytes(ins, n, info)
     if scratch:
-        unsplit = steel_gemm(TILE128, f16, n, epi, lambda m, n: 1 < m < TILE128_MIN_M)
-        return [unsplit, *split_gemm(f16, n, k, epi, len(ins) + len(outs), scratch), gemv]
-    return [steel_gemm(TILE128, f16, n, epi, lambda m, n: m > 1), gemv]
+        unsplit = steel_gemm(TILE128, f16, n, tiles, lambda m, n: 1 < m < TILE128_MIN_M)
+        return _normed(norm, [unsplit, *_split(f16, n, k, tiles, ins, outs, norm, scratch)],
+                       gemv)
+    return _normed(norm, [steel_gemm(TILE128, f16, n, tiles, lambda m, n: m > 1)], gemv)
 
 
 @register_wgsl("linear_q4gsw")
@@ -366,9 +447,11 @@ def linear_q4gsw(ins, outs, attrs, info):
 
 @register_wgsl("linear_q4gsw_multi")
 def linear_q4gsw_multi(ins, outs, attrs, info):
-    return routed(ins, outs, attrs, split_epilogue(attrs["widths"]), info)
+    norm = fused_norm(ins, outs, attrs, info)
+    return routed(ins, outs, attrs, split_epilogue(attrs["widths"], len(ins)), info, norm)
 
 
 @register_wgsl("linear_q4gsw_swiglu")
 def linear_q4gsw_swiglu(ins, outs, attrs, info):
-    return routed_pairs(ins, outs, attrs, swiglu_epilogue(), info)
+    norm = fused_norm(ins, outs, attrs, info)
+    return routed_pairs(ins, outs, attrs, swiglu_epilogue(len(ins)), info, norm)

@@ -5,7 +5,9 @@
 // A workgroup is LANES lanes and owns COLS = 4 * QUADS output columns: lane l takes chunks
 // j = l, l + LANES, l + 2 * LANES, .. of every column's row (consecutive lanes read consecutive
 // chunks), UNROLL of them per loop step, and the lanes' sums meet in the prelude's reduction.
-// The prelude (kernels_wgsl/q4gsw.py, GemvConfig) sets wchunk, words4() and the constants.
+// The prelude (kernels_wgsl/q4gsw.py, GemvConfig) sets wchunk, words4() and the constants,
+// and the prologue: begin_x(lane), which every lane calls first, and x_at(q), x's vec4 q as the
+// kernel reads it (plain: x[q]; with a fused RMSNorm, q4gsw_prologue_norm.wgsl's normalized x).
 //
 // Bits: a column's value depends on its own row, K, WORDS, LANES and the reduction, never on
 // COLS, UNROLL, X_STAGED or where the column sits in the workgroup: each lane sums its chunks
@@ -132,7 +134,7 @@ fn x_vec(j: u32, slot: u32, i: u32) -> vec4<f32> {
     if (X_STAGED) {
         return x_stage[i * X_ROW + slot];
     }
-    return x[XV * j + i];
+    return x_at(XV * j + i);
 }
 
 fn load_x(j: u32, slot: u32) -> XChunk {
@@ -156,7 +158,7 @@ fn load_x(j: u32, slot: u32) -> XChunk {
 fn stage_x(j0: u32, chunks: u32, lane: u32) {
     workgroupBarrier();   // every lane has read the previous step's copy
     for (var q = lane; q < XV * STEP; q = q + LANES) {
-        x_stage[(q % XV) * X_ROW + q / XV] = x[min(XV * j0 + q, XV * chunks - 1u)];
+        x_stage[(q % XV) * X_ROW + q / XV] = x_at(min(XV * j0 + q, XV * chunks - 1u));
     }
     workgroupBarrier();
 }
@@ -185,8 +187,10 @@ fn column_rows(n0: u32, chunks: u32) -> Rows {
 }
 
 // This lane's share of columns n0 .. n0 + COLS - 1 (n0 a multiple of COLS, below N). Quads
-// past n_pad read the scales of the last one. The loop is uniform (X_STAGED's barriers).
+// past n_pad read the scales of the last one. The loop is uniform (X_STAGED's barriers), and
+// so is the call of begin_x (its barriers).
 fn lane_partials(n0: u32, lane: u32) -> Acc {
+    begin_x(lane);
     let chunks = p.k_words / WORDS;
     let rows = column_rows(n0, chunks);
     let sq = min(vec4<u32>(n0 / 4u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n_pad / 4u - 1u));

@@ -237,14 +237,15 @@ def _passes_without(*names) -> str:
 
 
 # linear_swiglu takes the gate/up pair that fuse_linear would group (with its silu_mul) into
-# one op of its own (tests/test_pass_linear_swiglu.py); here it stays off on both sides so
-# the gate/up multi of this pass is what is counted and compared.
-FUSED_SPEC = _passes_without("linear_swiglu")
+# one op of its own (tests/test_pass_linear_swiglu.py), and rms_norm_linear takes it with the
+# norm before it (tests/test_pass_rms_norm_linear.py); here both stay off on both sides so the
+# gate/up multi of this pass is what is counted and compared.
+FUSED_SPEC = _passes_without("linear_swiglu", "rms_norm_linear")
 
 
 def _all_passes_but_this_one() -> str:
     """The Llama graph also matches other passes (SwiGLU): the reference keeps them."""
-    return _passes_without("fuse_linear", "linear_swiglu")
+    return _passes_without("fuse_linear", "linear_swiglu", "rms_norm_linear")
 
 
 @functools.lru_cache(maxsize=None)

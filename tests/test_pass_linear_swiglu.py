@@ -25,7 +25,9 @@ from tests.test_q4gsw_wgsl import (GEMV_CONFIGS, VARIANTS, _device_variant,  # n
                                    _force_gemv)
 
 DEVICES = ["cpu", "webgpu"]
-UNFUSED_SPEC = ",".join(n for n in passes.PASSES if n != "linear_swiglu")
+# rms_norm_linear would take the pair with the norm before it (tests/test_pass_rms_norm_linear.py)
+FUSED_SPEC = ",".join(n for n in passes.PASSES if n != "rms_norm_linear")
+UNFUSED_SPEC = ",".join(n for n in passes.PASSES if n not in ("linear_swiglu", "rms_norm_linear"))
 K, N, GS, M_MAX = 160, 37, 32, 37   # prime N: off the GEMV's 4/8 columns and the tiles
 LAYERS = 2                          # tests/test_llm_et.py's ARGS
 FORMS = {"silu": lambda g, u: F.silu(g) * u, "up*silu": lambda g, u: u * F.silu(g),
@@ -154,7 +156,7 @@ def test_split_k_keeps_the_unfused_bits(monkeypatch):
 
 
 # ---- ExecuTorch's Llama --------------------------------------------------------------------------
-def _llama_int4_pm(device, passes_=None):
+def _llama_int4_pm(device, passes_=FUSED_SPEC):
     """tests/test_llm_et.py's tiny Llama, int4 g32, tokens [1, T] (T dynamic) and input_pos,
     lowered once a session per (device, passes)."""
     return llama_program(device, quantize=True, passes=passes_)

@@ -308,7 +308,7 @@ REDUCTIONS = {"subgroup": True, "workgroup": False}
 
 def _force_gemv(monkeypatch, pick):
     """Route every GEMV the builders make to pick(k, n), a GemvConfig."""
-    monkeypatch.setattr(wq, "gemv_config", lambda k, n, gpu, subgroups: pick(k, n))
+    monkeypatch.setattr(wq, "gemv_config", lambda k, n, gpu, subgroups, norm=False: pick(k, n))
 
 
 def _gemv_out(graph, weights, x) -> torch.Tensor:

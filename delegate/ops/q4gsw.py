@@ -31,6 +31,12 @@ op (emitted by delegate/passes/linear_swiglu.py). Its weight holds the two linea
 interleaved (row 2j gate_j, row 2j + 1 up_j; N counts both), so a kernel thread that computes
 one column also computes its partner; it writes only out [..., N/2] = g * sigmoid(g) * up,
 rounded as the linears and then silu_mul would be.
+
+linear_q4gsw_multi and linear_q4gsw_swiglu may also take the RMSNorm that feeds them (emitted by
+delegate/passes/rms_norm_linear.py): a fourth input, the norm's weight w [K], and attribute
+norm_eps (None: no norm, and then no fourth input). x is then the norm's input and the op
+computes rms_norm(x, w, norm_eps) over K first, as the rms_norm op would, bit for bit; at
+M == 1 the WebGPU GEMV does it in its prologue, so the norm costs no dispatch of its own.
 """
 from __future__ import annotations
 
@@ -199,17 +205,28 @@ def lower_linear_residual(ctx, linear, residual=None, out=None) -> None:
              group_size=gs, K=int(k), N=int(n))
 
 
-def lower_linear_multi(ctx, linears) -> None:
+def _norm_operands(ctx, x, norm) -> tuple:
+    """(inputs x and, with a norm, its weight; norm_eps) of a q4gsw op reading fx value `x`,
+    or with norm = (norm input, norm weight, eps) the RMSNorm that makes x."""
+    if norm is None:
+        return [ctx.tensor(x)], [], None
+    source, weight, eps = norm
+    return [ctx.tensor(source)], [ctx.tensor(weight)], float(eps)
+
+
+def lower_linear_multi(ctx, linears, norm=None) -> None:
     """One linear_q4gsw_multi for `linears` (the fx linears a pass grouped, in graph order:
-    one x, equal K and group size, no bias), lowered where the first of them stands."""
+    one x, equal K and group size, no bias), lowered where the first of them stands; with
+    `norm` (_norm_operands) it also computes the RMSNorm that makes their x."""
     weights = [q4gsw_weight(linear) for linear in linears]
     gs, k = weights[0][2], int(weights[0][0].shape[1])
     widths = [int(q.shape[0]) for q, _, _ in weights]
     packed, scales = pack_q4gsw(torch.cat([q for q, _, _ in weights]),
                                 torch.cat([s for _, s, _ in weights]), gs)
-    ins = [ctx.tensor(linears[0].args[0]), ctx.constant(packed), ctx.constant(scales)]
+    x, w, eps = _norm_operands(ctx, linears[0].args[0], norm)
+    ins = x + [ctx.constant(packed), ctx.constant(scales)] + w
     ctx.emit("linear_q4gsw_multi", ins, [ctx.output(linear) for linear in linears],
-             group_size=gs, K=k, N=sum(widths), widths=widths)
+             group_size=gs, K=k, N=sum(widths), widths=widths, norm_eps=eps)
 
 
 def interleave_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -217,14 +234,16 @@ def interleave_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack([a, b], dim=1).reshape(2 * a.shape[0], *a.shape[1:])
 
 
-def lower_linear_swiglu(ctx, gate, up, out) -> None:
+def lower_linear_swiglu(ctx, gate, up, out, norm=None) -> None:
     """One linear_q4gsw_swiglu for the fx linears `gate` and `up` (one x, equal shapes, no
-    bias) writing `out`, the fx node of silu(gate) * up, where it stands."""
+    bias) writing `out`, the fx node of silu(gate) * up, where it stands; with `norm`
+    (_norm_operands) it also computes the RMSNorm that makes their x."""
     (qg, sg, gs), (qu, su, _) = q4gsw_weight(gate), q4gsw_weight(up)
     packed, scales = pack_q4gsw(interleave_rows(qg, qu), interleave_rows(sg, su), gs)
-    ins = [ctx.tensor(gate.args[0]), ctx.constant(packed), ctx.constant(scales)]
+    x, w, eps = _norm_operands(ctx, gate.args[0], norm)
+    ins = x + [ctx.constant(packed), ctx.constant(scales)] + w
     ctx.emit("linear_q4gsw_swiglu", ins, [ctx.output(out)], group_size=gs,
-             K=int(qg.shape[1]), N=2 * int(qg.shape[0]))
+             K=int(qg.shape[1]), N=2 * int(qg.shape[0]), norm_eps=eps)
 
 
 def _lower_nothing(ctx, node) -> None:
@@ -255,8 +274,21 @@ def _infer_linear(in_shapes, attrs):
     return [out]
 
 
+def _check_norm(what: str, in_shapes, attrs) -> None:
+    """A fused RMSNorm: a weight [K] as the fourth input exactly when norm_eps is set."""
+    k, eps = attrs["K"], attrs.get("norm_eps")
+    weight = in_shapes[3] if len(in_shapes) > 3 else None
+    if eps is None:
+        expect(len(in_shapes) == 3, DelegateError, f"{what} inputs without norm_eps",
+               "x, packed, scales", f"{len(in_shapes)} inputs")
+        return
+    expect(weight is not None and tuple(weight) == (k,), DelegateError,
+           f"{what} norm weight (norm_eps {eps})", (k,), weight)
+
+
 def _infer_multi(in_shapes, attrs):
-    x, packed, scales = in_shapes
+    _check_norm("linear_q4gsw_multi", in_shapes, attrs)
+    x, packed, scales = in_shapes[:3]
     k, n, gs, widths = attrs["K"], attrs["N"], attrs["group_size"], attrs["widths"]
     expect(sum(widths) == n and all(w > 0 for w in widths), DelegateError,
            "linear_q4gsw_multi widths", f"positive, summing to N = {n}", widths)
@@ -270,7 +302,8 @@ def _infer_multi(in_shapes, attrs):
 
 
 def _infer_swiglu(in_shapes, attrs):
-    x, packed, scales = in_shapes
+    _check_norm("linear_q4gsw_swiglu", in_shapes, attrs)
+    x, packed, scales = in_shapes[:3]
     k, n, gs = attrs["K"], attrs["N"], attrs["group_size"]
     expect(n % 2 == 0 and n > 0, DelegateError, "linear_q4gsw_swiglu N",
            "a positive even count (gate and up rows interleaved)", n)
@@ -293,13 +326,17 @@ register_op("linear_q4gsw", (), _infer_linear, _lower_linear,
             attrs={"group_size": "int", "K": "int", "N": "int"}, arity=((4, 5), 1))
 register_op("linear_q4gsw_multi", (), _infer_multi, lower_linear_multi,
             doc="x @ dequant(W_i)^T for 2 or 3 bias-free q4gsw linears of one x, their weights "
-                "concatenated along N, one output each (fused q/k/v, gate/up)",
-            attrs={"group_size": "int", "K": "int", "N": "int", "widths": "ints"},
-            arity=(3, (2, 3)))
+                "concatenated along N, one output each (fused q/k/v, gate/up); with norm_eps, "
+                "x is first rms_norm(x, w, norm_eps), w the fourth input",
+            attrs={"group_size": "int", "K": "int", "N": "int", "widths": "ints",
+                   "norm_eps": "float?"},
+            arity=((3, 4), (2, 3)))
 register_op("linear_q4gsw_swiglu", (), _infer_swiglu, _lower_swiglu_unreachable,
             doc="silu(x @ dequant(W_gate)^T) * (x @ dequant(W_up)^T), the two bias-free q4gsw "
-                "linears' rows interleaved (fused gate/up and SwiGLU)",
-            attrs={"group_size": "int", "K": "int", "N": "int"}, arity=(3, 1))
+                "linears' rows interleaved (fused gate/up and SwiGLU); with norm_eps, x is "
+                "first rms_norm(x, w, norm_eps), w the fourth input",
+            attrs={"group_size": "int", "K": "int", "N": "int", "norm_eps": "float?"},
+            arity=((3, 4), 1))
 register_op("dequantize_affine_q4", (DEQUANTIZE,), _infer_dequantize, _lower_nothing,
             check=_check_dequantize, folded=True, attrs={}, arity=(0, 0),
             doc="torchao int4 per-group dequantize; folded into the linear_q4gsw that reads it")

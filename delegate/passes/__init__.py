@@ -16,6 +16,7 @@ from delegate.passes import fuse_linear
 from delegate.passes import linear_swiglu
 from delegate.passes import residual_add
 from delegate.passes import rms_norm
+from delegate.passes import rms_norm_linear
 from delegate.passes import rope
 from delegate.passes import sdpa_layout
 from delegate.passes import swiglu
@@ -24,7 +25,11 @@ PASSES = {"fold_batch_norm": fold_batch_norm.detect, "fuse_linear": fuse_linear.
           "residual_add": residual_add.detect, "swiglu": swiglu.detect,
           # after fuse_linear and swiglu: it replaces their rewrites of the nodes it absorbs
           "linear_swiglu": linear_swiglu.detect,
-          "rms_norm": rms_norm.detect, "rope": rope.detect, "sdpa_layout": sdpa_layout.detect,
+          "rms_norm": rms_norm.detect,
+          # after rms_norm, fuse_linear and linear_swiglu: it replaces their rewrites of the
+          # nodes it absorbs
+          "rms_norm_linear": rms_norm_linear.detect,
+          "rope": rope.detect, "sdpa_layout": sdpa_layout.detect,
           "cache_write": cache_write.detect}
 SPEC_KEY = "passes"
 
