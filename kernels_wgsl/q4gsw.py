@@ -109,10 +109,10 @@ class Norm:
     scratch: int
     nbytes: int
 
-    def gemv_prologue(self, k: int) -> str:
+    def gemv_prologue(self, k: int, lanes: int) -> str:
         eps_bits = struct.unpack("<I", struct.pack("<f", self.eps))[0]   # as words() rounds it
-        return "\n".join([f"const NORM_K: u32 = {k}u;",
-                          f"fn norm_eps() -> f32 {{ return bitcast<f32>({eps_bits}u); }}",
+        return "\n".join([f"fn norm_eps() -> f32 {{ return bitcast<f32>({eps_bits}u); }}",
+                          norm_partials_wgsl(k // 4, lanes),
                           (_DIR / "q4gsw_prologue_norm.wgsl").read_text()])
 
     def dispatch(self) -> Dispatch:
@@ -124,8 +124,34 @@ class Norm:
         return rms_norm_dispatch(0, 3, self.scratch, sizes, True, (self.nbytes,))
 
 
+NORM_PARTIALS = 128   # the rms_norm kernel's workgroup (normalization.wgsl): its partials
+
+
+def norm_partials_wgsl(vecs: int, lanes: int) -> str:
+    """WGSL of norm_partials(lane) for a row of `vecs` vec4s: partial t (< 128) sums the
+    squares of vec4s t, t + 128, .. in order; lane holds t = lane + u * lanes. Unrolled, every
+    load first (an index past the row reads its last vec4 and is not summed)."""
+    parts = [u * lanes for u in range(max(1, NORM_PARTIALS // lanes))]
+    steps = range(0, vecs, NORM_PARTIALS)
+    loads, sums = [], []
+    for u, t0 in enumerate(parts):
+        sums.append(f"    var p{u} = 0.0;")
+        for s in steps:
+            first = s + t0   # the index lane 0 reads
+            ragged = first + lanes > vecs or t0 + lanes > NORM_PARTIALS
+            index = f"min(lane + {first}u, {vecs - 1}u)" if ragged else f"lane + {first}u"
+            loads.append(f"    let v{u}_{s} = x[{index}];")
+            step = f"add_squares4(p{u}, v{u}_{s})"
+            if ragged:
+                step = f"select(p{u}, {step}, lane + {first}u < {vecs}u && lane + {t0}u < 128u)"
+            sums.append(f"    p{u} = {step};")
+    stores = [f"    if (lane + {t0}u < 128u) {{ norm_red[lane + {t0}u] = p{u}; }}"
+              for u, t0 in enumerate(parts)]
+    return "\n".join(["fn norm_partials(lane: u32) {"] + loads + sums + stores + ["}"])
+
+
 PLAIN_PROLOGUE = "fn begin_x(lane: u32) {}\nfn x_at(q: u32) -> vec4<f32> { return x[q]; }"
-NORM_WORKGROUP_BYTES = 4 * 128   # q4gsw_prologue_norm.wgsl's norm_red
+NORM_WORKGROUP_BYTES = 4 * NORM_PARTIALS   # q4gsw_prologue_norm.wgsl's norm_red
 
 
 def fused_norm(ins, outs, attrs, info) -> Optional[Norm]:
@@ -370,7 +396,7 @@ def coop_gemv(subgroups: bool, n: int, epi: Epilogue, runs, config: GemvConfig,
         return q4_params(m, attrs, 1), (groups(n, config.cols) if runs(m, n) else 0)
 
     reduce = (_DIR / GEMV_REDUCE[subgroups]).read_text()
-    prologue = PLAIN_PROLOGUE if norm is None else norm.gemv_prologue(k)
+    prologue = PLAIN_PROLOGUE if norm is None else norm.gemv_prologue(k, config.lanes)
     args = epi.args if norm is None else _pad7(epi.args, 3)
     return Dispatch(GEMV, GEMV, args, epi.writes, sizes, epi.constants,
                     label=GEMV + ("_subgroup" if subgroups else ""),

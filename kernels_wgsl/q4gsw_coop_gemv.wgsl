@@ -188,9 +188,9 @@ fn column_rows(n0: u32, chunks: u32) -> Rows {
 
 // This lane's share of columns n0 .. n0 + COLS - 1 (n0 a multiple of COLS, below N). Quads
 // past n_pad read the scales of the last one. The loop is uniform (X_STAGED's barriers), and
-// so is the call of begin_x (its barriers).
+// so is the call of begin_x (its barriers), made once the first step's weight loads are
+// issued so that the prologue's own loads and barriers wait under theirs.
 fn lane_partials(n0: u32, lane: u32) -> Acc {
-    begin_x(lane);
     let chunks = p.k_words / WORDS;
     let rows = column_rows(n0, chunks);
     let sq = min(vec4<u32>(n0 / 4u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n_pad / 4u - 1u));
@@ -208,6 +208,9 @@ fn lane_partials(n0: u32, lane: u32) -> Acc {
         if (UNROLL > 2u) {
             b2 = load_block(rows, sq, min(j + 2u * LANES, last));
             b3 = load_block(rows, sq, min(j + 3u * LANES, last));
+        }
+        if (j0 == 0u) {
+            begin_x(lane);
         }
         if (X_STAGED) {
             stage_x(j0, chunks, lane);
