@@ -21,6 +21,7 @@ from tests.tolerances import tol
 
 pytest.importorskip("torchao")
 from tests.test_pass_fuse_linear import _blobs, _ops, _quantized, _run  # noqa: E402
+from tests.test_pass_linear_swiglu import _lower  # noqa: E402  (K 160, m up to 37)
 from tests.test_llm_et import _steps, llama_program, run_steps  # noqa: E402
 from tests.test_q4gsw import golden  # noqa: E402
 from tests.test_q4gsw_wgsl import (GEMV_CONFIGS, VARIANTS, _device_variant,  # noqa: E402
@@ -69,17 +70,6 @@ def _model(form, also=None, weight=True, k=K, aten=False):
     return _quantized(NormedLinears(k, form, also, weight, aten), (GS,) * len(WIDTHS[form]))
 
 
-def _lower(model, device, passes_=None, k=K, m_max=M_MAX):
-    from delegate.partitioner import WgpuPartitioner
-    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-
-    m = torch.export.Dim("m", min=1, max=m_max)
-    ep = torch.export.export(model, (torch.randn(3, k),), dynamic_shapes=({0: m},))
-    edge = to_edge_transform_and_lower(ep, partitioner=[WgpuPartitioner(device, passes=passes_)],
-                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
-    return edge.to_executorch()
-
-
 @once   # the router picks kernels at load (_device_variant, _force_gemv): one lowering for all
 def _lowered(device, form, passes_=None, k=K, aten=False):
     return _lower(_model(form, k=k, aten=aten), device, passes_, k=k)
@@ -116,7 +106,8 @@ def _norm_node(pm):
 @pytest.mark.parametrize("form", list(WIDTHS))
 @pytest.mark.parametrize("aten", [False, True], ids=["hand-written", "aten.rms_norm"])
 def test_norm_joins_the_fused_linear_with_the_unfused_bits(device, form, aten):
-    fused, plain = _lowered(device, form, aten=aten), _lowered(device, form, UNFUSED_SPEC, aten=aten)
+    fused = _lowered(device, form, aten=aten)
+    plain = _lowered(device, form, UNFUSED_SPEC, aten=aten)
     assert _ops(fused) == [FUSED_OP[form]] and _ops(plain) == UNFUSED_OPS[form]
     node = _norm_node(fused)
     assert len(node.inputs) == 4 and node.attrs["norm_eps"] == pytest.approx(EPS, rel=1e-7)
