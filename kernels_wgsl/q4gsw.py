@@ -40,24 +40,22 @@ config take the same epilogue:
                                gate's and up's rows interleaved, out [..., N/2] =
                                silu(column 2j) * column 2j + 1, stored by store_pair()
 A fused op is routed as one linear of the total N; every column's value is the one its own
-linear_q4gsw would give (bit for bit), whichever kernel runs.
+linear_q4gsw would give (bit for bit), whichever kernel runs. The GEMV and the 128x128 tile
+store a thread's columns as pairs (2j, 2j + 1), which the SwiGLU epilogue needs; the 64x64
+tile does not, so linear_q4gsw_swiglu runs the 128x128 tile at every M > 1.
 
 How a kernel reads x is the GEMV's prologue, which the prelude also supplies (begin_x, x_at):
 plain, or for a fused RMSNorm (norm_eps set, delegate/passes/rms_norm_linear.py)
 q4gsw_prologue_norm.wgsl, which recomputes the norm's statistics per workgroup and normalizes
 x as it loads it, the rms_norm kernel's bits. At M > 1 such an op instead runs the rms_norm
 kernel itself (normalization.py) into scratch 0, and its GEMMs read that as x; split K's
-partials are then scratch 1. The GEMV and the 128x128 tile
-store a thread's columns as pairs (2j, 2j + 1), which the SwiGLU epilogue needs; the 64x64
-tile does not, so linear_q4gsw_swiglu runs the 128x128 tile at every M > 1.
+partials are then scratch 1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-import dataclasses
 import struct
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Optional
 
 from delegate.errors import UnsupportedError
@@ -95,10 +93,9 @@ class Epilogue:
     writes: tuple
     constants: tuple
 
-
     def reading(self, x: int) -> "Epilogue":
         """The same, with binding 1 (x) reading operand x."""
-        return dataclasses.replace(self, args=(x,) + tuple(self.args[1:]))
+        return replace(self, args=(x,) + tuple(self.args[1:]))
 
 
 @dataclass(frozen=True)
@@ -143,9 +140,9 @@ def norm_partials_wgsl(vecs: int, lanes: int) -> str:
             loads.append(f"    let v{u}_{s} = x[{index}];")
             step = f"add_squares4(p{u}, v{u}_{s})"
             if ragged:
-                step = f"select(p{u}, {step}, lane + {first}u < {vecs}u && lane + {t0}u < 128u)"
+                step = f"select(p{u}, {step}, lane + {first}u < {vecs}u && lane + {t0}u < {NORM_PARTIALS}u)"
             sums.append(f"    p{u} = {step};")
-    stores = [f"    if (lane + {t0}u < 128u) {{ norm_red[lane + {t0}u] = p{u}; }}"
+    stores = [f"    if (lane + {t0}u < {NORM_PARTIALS}u) {{ norm_red[lane + {t0}u] = p{u}; }}"
               for u, t0 in enumerate(parts)]
     return "\n".join(["fn norm_partials(lane: u32) {"] + loads + sums + stores + ["}"])
 
