@@ -285,6 +285,8 @@ def _norm_fusion_rows(args, fused, rounds: int = 5) -> list:
     (_, plain), = m.delegates
     x = torch.randn(1, 1, 256 if args.small else 2048)
     best = {"fused": float("inf"), "plain": float("inf")}
+    for executor in (fused, plain):   # the GPU idled while this program was lowered
+        warm_gpu(executor, x, 1.0)
     for _ in range(rounds):
         for name, executor in (("fused", fused), ("plain", plain)):
             best[name] = min(best[name], _gpu_us(executor, x, mode="whole", runs=3))

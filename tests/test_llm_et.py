@@ -247,6 +247,10 @@ def test_decode_steps_whose_position_changes_the_key_splits_regrid_sdpa():
             got = _logits(m.execute([tokens, torch.tensor([pos])]))
             want = _logits(eager(tokens, {"input_pos": torch.tensor([pos])}))
             torch.testing.assert_close(got, want, **tol("model", "webgpu"), msg=f"at {pos}")
+        # encoded ahead between regrids, but never finished ahead: a regrid would leave
+        # finished command buffers stale, and one dropped unsubmitted leaks
+        (_, executor), = m.delegates
+        assert executor.ahead_submits > 0 and executor.finished_submits == 0
     finally:
         prog.destroy()
 

@@ -100,7 +100,9 @@ def test_encoding_ahead_submits_the_next_execute_of_a_binding_bit_for_bit(monkey
                                                                           pieces):
     """With encode_ahead, an execute of the binding encoded ahead submits those encoders: the
     same bits as encoding them then, on new inputs each time; another binding between encodes
-    its own, and the encoders left unfinished free everything they hold at destroy."""
+    its own; a binding run twice in a row holds finished command buffers, still valid after
+    another binding's executes; and destroy frees everything the encoders and the command
+    buffers held (wgpu-native leaks a finished command buffer dropped unsubmitted)."""
     if pieces:   # the block's dispatches in submits of one or two, encoded ahead alike
         monkeypatch.setattr(webgpu_executor, "SPLIT_SUBMIT_MIN", 2)
         monkeypatch.setattr(webgpu_executor, "SUBMIT_EVERY", 2)
@@ -121,8 +123,11 @@ def test_encoding_ahead_submits_the_next_execute_of_a_binding_bit_for_bit(monkey
             assert torch.equal(got, plain.execute([x])[0])
             torch.testing.assert_close(got, block_reference(weights, x.double()).float(),
                                        **tol("model", "webgpu"))
-        # a binding right after itself: twice at 3, once at 16
-        assert ex.ahead_submits == (3 if ahead else 0) and plain.ahead_submits == 0
+        # encoded ahead: a binding right after itself (twice at 3, once at 16) and 3 after 16,
+        # whose command buffers were finished ahead and held since 3 ran twice in a row
+        assert ex.ahead_submits == (4 if ahead else 0) and plain.ahead_submits == 0
+        assert ex.finished_submits == (2 if ahead else 0)
+        assert len(ex._held) == (1 if ahead else 0)   # 16's, submitted by destroy
     finally:
         ex.destroy()
         plain.destroy()

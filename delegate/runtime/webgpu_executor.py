@@ -55,6 +55,14 @@ SUBMIT_EVERY = 32
 # command buffer that is never submitted (about 90 KB each: 60,000 took RSS to 5.7 GB here),
 # and a binding may not come back. H100, Llama-shaped layer (bench/overhead.py): T=1 wall
 # 224.7 -> 199.5 µs, T=512 3559 -> 3492 µs. ETWGPU_ENCODE_AHEAD=0 turns it off.
+# Finishing ahead: a binding executed twice in a row (a decode step) has its next execute's
+# command buffers finished ahead too, so that execute only submits them: finish() is wgpu-native's
+# validation, tracking and HAL encoding, ~5.5 us a dispatch on the H100 (27.5 us of the T=1
+# layer's 200), all on the path before the GPU starts. Because a finished command buffer leaks
+# unless it is submitted, only a binding whose grids no offset can move (no grid sites) holds
+# them; they stay with it across other bindings' executes, at most HELD_BINDINGS of them, and
+# destroy() submits whatever is still held, when nothing will read what those runs write.
+HELD_BINDINGS = 4
 ENCODE_AHEAD_ENV = "ETWGPU_ENCODE_AHEAD"
 MIN_BUFFER = 16
 PROFILE_MODES = ("each", "whole", "marginal", "dropped")   # execute_profiled's ways to time
@@ -140,6 +148,9 @@ class WebGpuExecutor:
         self.encode_ahead = os.environ.get(ENCODE_AHEAD_ENV, "1") != "0"
         self._ahead = None            # (binding, its regrids, [unfinished encoder per piece])
         self.ahead_submits = 0        # executes that submitted an encoder encoded ahead
+        self._held: list = []         # [(binding, [finished command buffer per piece])]
+        self._last = None             # the binding of the last execute
+        self.finished_submits = 0     # executes that submitted command buffers finished ahead
         self.transfers = Transfers()
         try:
             self.plan = GraphPlan(graph, self._replay)
@@ -436,15 +447,50 @@ class WebGpuExecutor:
         b = self.plan.binding_for(inputs)
         attrs_now = self._upload(b, inputs)
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[:2] == (b, b.payload.regrids):
+        held = self._take_held(b)
+        if held is not None:
+            for command_buffer in held:
+                self._gpu.queue.submit([command_buffer])
+            self.ahead_submits += 1
+            self.finished_submits += 1
+        elif ahead is not None and ahead[:2] == (b, b.payload.regrids):
             for encoder in ahead[2]:
                 self._gpu.queue.submit([encoder.finish()])
             self.ahead_submits += 1
         else:
             self._encode_and_submit(b, inputs, attrs_now)
         if self.encode_ahead and len(b.payload.parts) == 1:   # no CPU fallback between
-            self._ahead = (b, b.payload.regrids, self._encode_pieces(b))
+            self._encode_next(b)
+        self._last = b
         return self._read(b, outputs)
+
+    def _take_held(self, b):
+        """b's command buffers finished ahead, taken out of the held list, or None."""
+        for i, (binding, command_buffers) in enumerate(self._held):
+            if binding is b:
+                del self._held[i]
+                return command_buffers
+        return None
+
+    def _encode_next(self, b) -> None:
+        """Encode b's next execute while the GPU runs this one: finished and held when b ran
+        twice in a row and may hold them (HELD_BINDINGS), else left unfinished in _ahead."""
+        encoders = self._encode_pieces(b)
+        if b is self._last and not b.payload.grid_sites and len(self._held) < HELD_BINDINGS:
+            self._held.append((b, [encoder.finish() for encoder in encoders]))
+        else:
+            self._ahead = (b, b.payload.regrids, encoders)
+
+    def _submit_held(self) -> None:
+        """Submit every held command buffer, each binding's params first, so that none is
+        dropped unsubmitted (wgpu-native would leak it); for destroy(), which frees what they
+        write before anything reads it."""
+        for b, command_buffers in self._held:
+            self._gpu.queue.write_buffer(self._params_buffer, 0, b.payload.params)
+            for command_buffer in command_buffers:
+                self._gpu.queue.submit([command_buffer])
+        self._held = []
+        self._params_now = None
 
     def _encode_pieces(self, b) -> list:
         """b's dispatches, an encoder per piece (_pieces), the last with the copies; each left
@@ -482,9 +528,9 @@ class WebGpuExecutor:
             t = inputs[k]
             if isinstance(t, torch.Tensor) and t.numel():
                 host = t if t.dtype in _SAME_ON_GPU else _to_gpu_dtype(t, f"input value {vid}")
-                host = host.contiguous().numpy()
-                queue.write_buffer(self._buffer_of(vid), 0, host)
-                moved.upload(host.nbytes)
+                host = host.contiguous()
+                self._gpu.write_tensor(self._buffer_of(vid), host)
+                moved.upload(host.numel() * ELEMENT_BYTES)
         r = b.payload
         attrs_now = self.plan.dynamic_attrs(b, inputs) if self.plan.per_execute else {}
         prefix = self._dynamic_params(b, attrs_now) if r.dynamic else b""
@@ -688,14 +734,21 @@ class WebGpuExecutor:
         raw = self._gpu.map_read(self._readback, _align4(r.readback_bytes))
         try:
             for (j, _, off, size), out in zip(r.reads, results):
-                if size:   # numpy copies (and widens int32 -> int64) from the mapped bytes
-                    gpu = np.frombuffer(raw, dtype=_NP_DTYPES[out.dtype],
-                                        count=size // ELEMENT_BYTES, offset=off)
-                    np.copyto(out.numpy(), (gpu != 0 if out.dtype == torch.bool else gpu)
-                              .reshape(out.shape), casting="unsafe")
+                if size:
+                    self._copy_out(raw, out, off, size)
         finally:
             self._gpu.unmap_read(self._readback)
         return results
+
+    def _copy_out(self, raw, out: torch.Tensor, off: int, size: int) -> None:
+        """size mapped bytes from off into out: by address where they are out's bytes as they
+        are, else numpy copies (and widens int32 -> int64) from the mapped bytes."""
+        if out.dtype in _SAME_ON_GPU and out.is_contiguous() and self._gpu.copy_mapped(out, off):
+            return
+        gpu = np.frombuffer(raw, dtype=_NP_DTYPES[out.dtype], count=size // ELEMENT_BYTES,
+                            offset=off)
+        np.copyto(out.numpy(), (gpu != 0 if out.dtype == torch.bool else gpu).reshape(out.shape),
+                  casting="unsafe")
 
     # ---- introspection and teardown ----------------------------------------------------------
     def dispatch_list(self) -> list:
@@ -722,6 +775,9 @@ class WebGpuExecutor:
 
     def destroy(self) -> None:
         """Free every buffer, bind group and uniform of this load and release its pipelines."""
+        if self._held:
+            self._submit_held()
+        self._last = None
         for buf in self._buffers:
             buf.destroy()
         self._buffers = []
