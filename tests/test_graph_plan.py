@@ -45,6 +45,23 @@ def test_plan_cache_hits_a_seen_binding_and_misses_a_new_one(kind):
         ex.destroy()
 
 
+def test_plan_cache_evicts_the_least_recently_used_binding(monkeypatch):
+    # a decode step's binding, used between prompts of new lengths, outlives them
+    from delegate.runtime import graph_plan
+
+    monkeypatch.setattr(graph_plan, "CACHE_SIZE", 3)
+    ex = executor("cpu", neg_graph(bound=16))
+    try:
+        for n in (1, 2, 1, 3, 1, 4, 1, 5, 1):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(ex.execute([x])[0], -x)
+        assert (ex.plan.stats.misses, ex.plan.stats.hits) == (5, 4)   # 1 built once
+        ex.execute([torch.randn(2, 4)])   # evicted by 4 and 5: built again
+        assert ex.plan.stats.misses == 6
+    finally:
+        ex.destroy()
+
+
 @pytest.mark.parametrize("kind", EXECUTORS)
 def test_shape_inference_disagreeing_with_export_is_a_blob_error_naming_the_node(kind):
     ex = executor(kind, neg_graph(out_dims=(SymExpr("s0"), 5)))

@@ -103,6 +103,7 @@ class GraphPlan:
         if b is not None and _accepts(b, inputs):
             self.stats.hits += 1
             b.hits += 1
+            self._cache.move_to_end(b.key)   # least recently used goes first, not oldest
             if self.validating:
                 self._validate_binding(b)
             return b
@@ -115,6 +116,7 @@ class GraphPlan:
             raise InputError(f"inputs: expected dense CPU tensors {b.input_checks}, got "
                              f"{[(type(t).__name__, getattr(t, 'shape', t)) for t in inputs]}")
         self.stats.hits += 1
+        self._cache.move_to_end(key)
         return b
 
     def _fast_key(self, inputs) -> tuple | None:

@@ -465,9 +465,10 @@ class WebGpuExecutor:
         return self._read(b, outputs)
 
     def _take_held(self, b):
-        """b's command buffers finished ahead, taken out of the held list, or None."""
+        """The command buffers finished ahead for b's key, taken out of the held list, or None:
+        a binding the plan cache evicted and built again has the same bind ranges and params."""
         for i, (binding, command_buffers) in enumerate(self._held):
-            if binding is b:
+            if binding.key == b.key:
                 del self._held[i]
                 return command_buffers
         return None
