@@ -138,6 +138,23 @@ def test_encoding_ahead_submits_the_next_execute_of_a_binding_bit_for_bit(monkey
         (before["Buffer"], before["BindGroup"], before["CommandBuffer"])
 
 
+def test_a_binding_built_again_after_eviction_takes_its_held_command_buffers(monkeypatch):
+    from delegate.runtime import graph_plan
+
+    monkeypatch.setattr(graph_plan, "CACHE_SIZE", 1)
+    graph, weights = dynamic_block()
+    ex = WebGpuExecutor(graph, weights)
+    try:
+        for seq in (3, 3, 5, 3):   # 3's buffers held after its second execute; 5 evicts 3
+            x = torch.randn(seq, 32)
+            torch.testing.assert_close(ex.execute([x])[0],
+                                       block_reference(weights, x.double()).float(),
+                                       **tol("model", "webgpu"))
+        assert ex.plan.stats.misses == 3 and ex.finished_submits == 1
+    finally:
+        ex.destroy()
+
+
 def test_dynamic_shapes_rewrite_params_per_execute():
     graph, weights = dynamic_block()
     ex = WebGpuExecutor(graph, weights)
