@@ -165,9 +165,10 @@ class NativeMap:
     through here. Timings: bench/readback_probe.py --floor.
 
     copy_out and write move bytes between a mapped range or a queue write and a tensor's
-    memory by address, without numpy views or wgpu-py's memoryview checks: 0.5 against 2.1 us
-    for 8 KiB out here, and the write skips ~5 us of wrapper (H100 host). Their callers own the
-    bounds: the executor's plan sizes every buffer for the largest binding."""
+    memory by address, without numpy views or wgpu-py's memoryview checks and error capture
+    (8 KiB out: 0.47 against 2.11 us for numpy's frombuffer + copyto on the 2-core dev
+    machine). Their callers own the bounds: the executor's plan sizes every buffer for the
+    largest binding."""
 
     def __init__(self, device):
         from wgpu.backends.wgpu_native._api import ffi, lib

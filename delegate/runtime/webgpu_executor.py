@@ -62,6 +62,8 @@ SUBMIT_EVERY = 32
 # unless it is submitted, only a binding whose grids no offset can move (no grid sites) holds
 # them; they stay with it across other bindings' executes, at most HELD_BINDINGS of them, and
 # destroy() submits whatever is still held, when nothing will read what those runs write.
+# H100, the T=1 layer's executor.execute, 4 alternated rounds of 300 in one run: min 193.1 ->
+# 163.8 us, median 227.0 -> 185.9 (nothing ahead: 213.9, median 270.6).
 HELD_BINDINGS = 4
 ENCODE_AHEAD_ENV = "ETWGPU_ENCODE_AHEAD"
 MIN_BUFFER = 16
