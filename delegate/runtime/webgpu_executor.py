@@ -55,13 +55,15 @@ SUBMIT_EVERY = 32
 # command buffer that is never submitted (about 90 KB each: 60,000 took RSS to 5.7 GB here),
 # and a binding may not come back. H100, Llama-shaped layer (bench/overhead.py): T=1 wall
 # 224.7 -> 199.5 µs, T=512 3559 -> 3492 µs. ETWGPU_ENCODE_AHEAD=0 turns it off.
-# Finishing ahead: a binding executed twice in a row (a decode step) has its next execute's
-# command buffers finished ahead too, so that execute only submits them: finish() is wgpu-native's
+# Finishing ahead: a binding executed twice in a row has its next execute's command buffers
+# finished ahead too, so that execute only submits them: finish() is wgpu-native's
 # validation, tracking and HAL encoding, ~5.5 us a dispatch on the H100 (27.5 us of the T=1
 # layer's 200), all on the path before the GPU starts. Because a finished command buffer leaks
 # unless it is submitted, only a binding whose grids no offset can move (no grid sites) holds
 # them; they stay with it across other bindings' executes, at most HELD_BINDINGS of them, and
 # destroy() submits whatever is still held, when nothing will read what those runs write.
+# ExecuTorch's Llama decode keeps finishing at execute: its sdpa's key splits follow the host's
+# input_pos (grid sites), so a finished buffer could go stale at a regrid.
 # H100, the T=1 layer's executor.execute, 4 alternated rounds of 300 in one run: min 193.1 ->
 # 163.8 us, median 227.0 -> 185.9 (nothing ahead: 213.9, median 270.6).
 HELD_BINDINGS = 4
