@@ -258,6 +258,7 @@ def llama(args) -> list:
         m.execute([x])
         _, other = timed(lambda: m.execute([x]), 50 if t == 1 else 10)
         executor.encode_ahead = was
+        unfinished = _unfinished_wall(m, x, 50 if t == 1 else 10)
         other_label = "not encoding ahead (ETWGPU_ENCODE_AHEAD=0)" if was else \
             "encoding ahead (the default)"
         n = len(executor.plan.binding_for([x]).payload.dispatches)
@@ -267,6 +268,8 @@ def llama(args) -> list:
                  ("  wall / GPU sum", wall * 1e3 / gpu, "x"),
                  (f"  wall, {other_label}", other * 1e3, "µs"),
                  ("  that wall / GPU sum", other * 1e3 / gpu, "x"),
+                 ("  wall, encoding ahead but not finishing (HELD_BINDINGS=0)", unfinished * 1e3,
+                  "µs"),
                  ("  wall / GPU one pass", wall * 1e3 / one, "x"),
                  ("  encode + submit only, per dispatch", _encode_us(executor, x) / n, "µs"),
                  ("  host per execute (wall - GPU sum)", wall * 1e3 - gpu, "µs"),
@@ -277,6 +280,19 @@ def llama(args) -> list:
     rows += _norm_fusion_rows(args, executor)
     prog.destroy()
     return rows
+
+
+def _unfinished_wall(m, x, runs: int) -> float:
+    """m's wall with its executor encoding ahead but finishing nothing ahead."""
+    from delegate.runtime import webgpu_executor
+
+    held, webgpu_executor.HELD_BINDINGS = webgpu_executor.HELD_BINDINGS, 0
+    try:
+        m.execute([x])   # submits what was held
+        _, wall = timed(lambda: m.execute([x]), runs)
+    finally:
+        webgpu_executor.HELD_BINDINGS = held
+    return wall
 
 
 def _norm_fusion_rows(args, fused, rounds: int = 5) -> list:
