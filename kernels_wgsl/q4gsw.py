@@ -108,7 +108,8 @@ class Norm:
 
     def gemv_prologue(self, k: int, lanes: int) -> str:
         eps_bits = struct.unpack("<I", struct.pack("<f", self.eps))[0]   # as words() rounds it
-        return "\n".join([f"fn norm_eps() -> f32 {{ return bitcast<f32>({eps_bits}u); }}",
+        return "\n".join([f"const NORM_WG: u32 = {NORM_PARTIALS}u;",
+                          f"fn norm_eps() -> f32 {{ return bitcast<f32>({eps_bits}u); }}",
                           norm_partials_wgsl(k // 4, lanes),
                           (_DIR / "q4gsw_prologue_norm.wgsl").read_text()])
 

@@ -5,7 +5,8 @@
 // kernel's 128 partials (normalization.wgsl: partial t sums the squares of vec4s t, t + 128, ..
 // in order, by common.wgsl's add_squares4), added in its halving tree, divided by K, plus eps,
 // through rsqrt_of, and then its two products in its order: the unfused rms_norm's bits.
-// The prelude (kernels_wgsl/q4gsw.py, Norm.gemv_prologue) sets norm_eps() and
+// The prelude (kernels_wgsl/q4gsw.py, Norm.gemv_prologue) sets NORM_WG (NORM_PARTIALS: the
+// rms_norm kernel's workgroup, its partials and its tree), norm_eps() and
 // norm_partials(lane), which stores the partials lane, lane + LANES, .. (those below 128) in
 // norm_red: generated for this K and LANES with every load of x issued before the first sum
 // (a loop of conditional loads ran them one after another: on an H100 the QKV GEMV took 8 us
@@ -13,7 +14,6 @@
 
 @group(0) @binding(7) var<storage, read> norm_weight: array<vec4<f32>>;
 
-const NORM_WG: u32 = 128u;   // rms_norm's workgroup: its partials and its tree
 var<workgroup> norm_red: array<f32, NORM_WG>;
 var<private> norm_rstd: f32;
 
