@@ -23,7 +23,7 @@ import functools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from delegate.errors import UnknownOperatorError, UnsupportedError
 from delegate.plugins import import_families
@@ -52,6 +52,11 @@ class Dispatch:
     # The params are the node's previous dispatch's, byte for byte at every binding: the two
     # share one params slot, so a decode step's params prefix does not grow with them.
     shared_params: bool = False
+    # For a step that reads an offset (a KV cache's position): fixed_grid(ins, attrs) says
+    # that at these live shapes its workgroup count is the same at every offset, so the
+    # executor may keep command buffers finished for the binding; the executor checks it at
+    # every execute. None: the grid may move with the offset.
+    fixed_grid: Optional[Callable] = None
 
     def kinds(self) -> tuple:
         return ("uniform",) + tuple("rw" if a in self.writes else "read" for a in self.args)

@@ -14,6 +14,10 @@ PREFILL_SPLIT_KEYS in whole key tiles, so the few row tiles of a short prompt st
 GPU, with its partials at most PREFILL_PARTIALS_BYTES. Without executor scratch support both
 take one split. Which kernel runs is decided per execute by the live L; a graph whose L bound
 is at most DECODE_L builds only the decode kernel.
+Decode splits the cache's whole key range (S), not the live keys (kv_len, an offset of the
+LLM's KV cache): splits past kv_len hold no key and weigh 0 in combine (the same bits as
+not launching them), so a decode binding's grids never move with the position and its
+finished command buffers stay valid from one token to the next (Dispatch.fixed_grid).
 q_dims / k_dims / v_dims / out_dims (q, k and v read through a permutation, the output written
 through one, the head dim last in each): every entry finds a row of q, k, v and of the output
 by its element strides in the params, so the rows stay contiguous and vec4 loads stay.
@@ -278,7 +282,8 @@ def sdpa(ins, outs, attrs, info):
         n_rep = hq // hkv if hkv else 0
         keys = s if attrs.get("kv_len") is None else min(s, attrs["kv_len"])
         tiles = groups(n_rep * l, dtile.rb if l <= DECODE_L else pbr)
-        splits, per = key_splits(l, keys, b * hq * l, ev, pbc, scratch, b * hkv * tiles)
+        split_over = s if l <= DECODE_L else keys   # decode: a grid fixed at every position
+        splits, per = key_splits(l, split_over, b * hq * l, ev, pbc, scratch, b * hkv * tiles)
         packed = words(b, hq, hkv, l, s, e, ev, n_rep, scale, tiles, splits, per,
                        keys, attrs.get("causal_offset", 0), 0, 0, mstrides,
                        read_strides(ins, attrs), out_strides(outs[0], attrs))
@@ -307,6 +312,7 @@ def sdpa(ins, outs, attrs, info):
                                    (ptile or placeholder).prelude(), loaders(q[3], v[3]))),
              "scratch": (scratch,) if split else ()}
     args, writes = (0, 1, 2, m_arg, 4, scr), (4, scr)
+    extra["fixed_grid"] = decoding   # prefill's splits follow the live keys
     kernels = [Dispatch("attention", "decode", args, writes, sizes_when(True), consts,
                         label="sdpa_decode", **extra)]
     if q[2] > DECODE_L:   # the L bound admits prefill
@@ -318,3 +324,9 @@ def sdpa(ins, outs, attrs, info):
                                 combine_sizes, consts, label="sdpa_combine", shared_params=True,
                                 **extra))
     return kernels
+
+
+def decoding(ins, attrs) -> bool:
+    """At a binding of live L <= DECODE_L every sdpa grid is the same at every kv_len: decode
+    splits the cache's whole range, prefill does not run, combine follows decode's splits."""
+    return sdpa_read_shapes(ins, attrs)[0][2] <= DECODE_L

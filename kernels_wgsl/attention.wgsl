@@ -635,8 +635,8 @@ var<workgroup> d_l: array<vec4<f32>, KG>;             // [kg]: the rows' sums at
 fn decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
     let w = work_of(wg_linear(wid, nwg));
-    if (w.tile >= p.tiles) {
-        return;
+    if (w.tile >= p.tiles || w.split >= live_splits()) {
+        return;   // past the live keys: combine reads no partial of this split
     }
     let rows = p.n_rep * p.l;
     // rows past the end repeat a real row
@@ -886,6 +886,13 @@ fn store_row(to_out: bool, base: u32, c: u32, v: vec4<f32>) {
 // walks the splits' records one dependent load after another.
 const COMBINE_LANES: u32 = 64u;
 
+// The splits that hold live keys: decode splits the cache's whole range (kernels_wgsl/
+// attention.py), and those past kv_len neither run nor weigh; at least split 0, which
+// writes a row's partial even when no key is live.
+fn live_splits() -> u32 {
+    return clamp((p.kv_len + p.split_len - 1u) / max(p.split_len, 1u), 1u, p.splits);
+}
+
 var<workgroup> c_w: array<f32, COMBINE_LANES>;     // e^(m_s - M) per split
 var<workgroup> c_red: array<f32, COMBINE_LANES>;
 
@@ -911,18 +918,19 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let stride = p.ev + 2u;
     let base = orow * p.splits * stride;
+    let splits = live_splits();
     var ms = EXCLUDED;
     var ls = 0.0;
-    if (t < p.splits) {
+    if (t < splits) {
         ms = partials[base + t * stride];
         ls = partials[base + t * stride + 1u];
     }
     // the first column's first 16 splits load with (m, l), ahead of the trees' barriers
-    let ahead = partial_cols(base, stride, 0u, min(t, p.ev - 1u));
+    let ahead = partial_cols(base, stride, 0u, min(t, p.ev - 1u), splits);
     ms = select(ms, BAD, is_nan(ms));   // a NaN m marks its row NaN
     c_red[t] = ms;
     let mx = combine_tree(t, true);
-    let wt = select(0.0, exp(ms - mx), t < p.splits);
+    let wt = select(0.0, exp(ms - mx), t < splits);
     workgroupBarrier();   // c_red[0] is read
     c_w[t] = wt;
     c_red[t] = wt * ls;
@@ -932,24 +940,27 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var c = t; c < p.ev; c = c + COMBINE_LANES) {
         var x = ahead;
         if (c != t) {
-            x = partial_cols(base, stride, 0u, c);
+            x = partial_cols(base, stride, 0u, c, splits);
         }
-        var a = combine_cols(0.0, 0u, x);
-        for (var sp = 16u; sp < p.splits; sp = sp + 16u) {
-            a = combine_cols(a, sp, partial_cols(base, stride, sp, c));
+        var a = combine_cols(0.0, 0u, x, splits);
+        for (var sp = 16u; sp < splits; sp = sp + 16u) {
+            a = combine_cols(a, sp, partial_cols(base, stride, sp, c, splits), splits);
         }
         out[at + c] = select(a * inv, f32_nan(), mx >= BAD);
     }
 }
 
-// Column c of splits sp .. sp + 15 (clamped to the last), their loads in flight together
-fn partial_cols(base: u32, stride: u32, sp: u32, c: u32) -> Quad {
-    return Quad(partial_col4(base, stride, sp, c), partial_col4(base, stride, sp + 4u, c),
-                partial_col4(base, stride, sp + 8u, c), partial_col4(base, stride, sp + 12u, c));
+// Column c of splits sp .. sp + 15 (clamped to the last live one), their loads in flight
+// together
+fn partial_cols(base: u32, stride: u32, sp: u32, c: u32, splits: u32) -> Quad {
+    return Quad(partial_col4(base, stride, sp, c, splits),
+                partial_col4(base, stride, sp + 4u, c, splits),
+                partial_col4(base, stride, sp + 8u, c, splits),
+                partial_col4(base, stride, sp + 12u, c, splits));
 }
 
-fn partial_col4(base: u32, stride: u32, sp: u32, c: u32) -> vec4<f32> {
-    let last = p.splits - 1u;
+fn partial_col4(base: u32, stride: u32, sp: u32, c: u32, splits: u32) -> vec4<f32> {
+    let last = splits - 1u;
     let at = base + 2u + c;
     return vec4<f32>(partials[at + min(sp, last) * stride],
                      partials[at + min(sp + 1u, last) * stride],
@@ -957,18 +968,18 @@ fn partial_col4(base: u32, stride: u32, sp: u32, c: u32) -> vec4<f32> {
                      partials[at + min(sp + 3u, last) * stride]);
 }
 
-// a + the weighted partials of splits sp .. sp + 15 (those below p.splits), in order
-fn combine_cols(a: f32, sp: u32, x: Quad) -> f32 {
-    return combine4(combine4(combine4(combine4(a, sp, x.r0), sp + 4u, x.r1), sp + 8u, x.r2),
-                    sp + 12u, x.r3);
+// a + the weighted partials of splits sp .. sp + 15 (those below `splits`), in order
+fn combine_cols(a: f32, sp: u32, x: Quad, splits: u32) -> f32 {
+    return combine4(combine4(combine4(combine4(a, sp, x.r0, splits), sp + 4u, x.r1, splits),
+                             sp + 8u, x.r2, splits), sp + 12u, x.r3, splits);
 }
 
-fn combine4(a: f32, sp: u32, x: vec4<f32>) -> f32 {
-    if (sp >= p.splits) {
+fn combine4(a: f32, sp: u32, x: vec4<f32>, splits: u32) -> f32 {
+    if (sp >= splits) {
         return a;
     }
     var r = fma(c_w[sp], x.x, a);
-    r = select(r, fma(c_w[min(sp + 1u, COMBINE_LANES - 1u)], x.y, r), sp + 1u < p.splits);
-    r = select(r, fma(c_w[min(sp + 2u, COMBINE_LANES - 1u)], x.z, r), sp + 2u < p.splits);
-    return select(r, fma(c_w[min(sp + 3u, COMBINE_LANES - 1u)], x.w, r), sp + 3u < p.splits);
+    r = select(r, fma(c_w[min(sp + 1u, COMBINE_LANES - 1u)], x.y, r), sp + 1u < splits);
+    r = select(r, fma(c_w[min(sp + 2u, COMBINE_LANES - 1u)], x.z, r), sp + 2u < splits);
+    return select(r, fma(c_w[min(sp + 3u, COMBINE_LANES - 1u)], x.w, r), sp + 3u < splits);
 }

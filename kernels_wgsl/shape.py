@@ -35,7 +35,13 @@ def _copy_fields(shape, src_strides, dst_strides, src_offset: int, dst_offset: i
 def _copy(sizes, src: int = 0, dst: int = 1, label: str = "strided_copy",
           constants: tuple = ()) -> Dispatch:
     return Dispatch("shape", "strided_copy", (src, dst), (dst,), sizes, constants, label=label,
-                    prelude=KIND_PRELUDE)
+                    prelude=KIND_PRELUDE, fixed_grid=any_offset)
+
+
+def any_offset(ins, attrs) -> bool:
+    """A strided copy's grid covers the shape it copies (a live shape), whatever offset its
+    slice or scatter starts at."""
+    return True
 
 
 def _conversion(src_dtype, dst_dtype) -> tuple:
@@ -175,4 +181,4 @@ def slice_scatter_pair(ins, outs, attrs, info):
         return words(*a, *b), groups(a[0] + b[0], WG)
 
     return [Dispatch("shape", "strided_copy_pair", (1, 4, 3, 2), (4, 2), sizes,
-                     label="slice_scatter_pair", prelude=KIND_PRELUDE)]
+                     label="slice_scatter_pair", prelude=KIND_PRELUDE, fixed_grid=any_offset)]

@@ -225,10 +225,12 @@ def test_layers_share_params_so_a_decode_step_uploads_the_same_bytes_at_any_dept
         torch.testing.assert_close(got, want, **tol("model", "webgpu"))
 
 
-def test_decode_steps_whose_position_changes_the_key_splits_regrid_sdpa():
-    # WebGPU's decode sdpa splits the live keys into groups of 64 (flash-decoding): kv_len
-    # 61 -> 1 split (no combine), 65 -> 2, 129 -> 3. One decode binding serves all of these
-    # positions, so the grids (and the combine's presence) must follow each execute's offset.
+def test_decode_steps_across_key_splits_keep_one_grid_and_finish_ahead():
+    # WebGPU's decode sdpa splits the cache's 160 keys into groups of 64 (flash-decoding) at
+    # every position; the live ones are kv_len 61 -> 1 split, 65 -> 2, 129 -> 3, and the rest
+    # neither run nor weigh. So one decode binding keeps its grids at every position and
+    # submits command buffers finished ahead, and the prefills (whose splits follow the live
+    # keys) in between still match eager.
     eager, prog, _ = _lowered("webgpu", max_seq_len=160, max_context_len=160)
     try:
         m, pos = prog.load_method("forward"), 0
@@ -247,10 +249,29 @@ def test_decode_steps_whose_position_changes_the_key_splits_regrid_sdpa():
             got = _logits(m.execute([tokens, torch.tensor([pos])]))
             want = _logits(eager(tokens, {"input_pos": torch.tensor([pos])}))
             torch.testing.assert_close(got, want, **tol("model", "webgpu"), msg=f"at {pos}")
-        # encoded ahead between regrids, but never finished ahead: a regrid would leave
-        # finished command buffers stale, and one dropped unsubmitted leaks
         (_, executor), = m.delegates
-        assert executor.ahead_submits > 0 and executor.finished_submits == 0
+        assert executor.finished_submits >= 10, executor.finished_submits
+        decode = executor.plan.binding_for([tokens, torch.tensor([128])]).payload
+        assert decode.grid_sites == {} and decode.regrids == 0 and decode.fixed_grids
+    finally:
+        prog.destroy()
+
+
+def test_a_grid_declared_fixed_that_moves_with_the_position_is_a_program_error(monkeypatch):
+    # sdpa declares its grids fixed at decode L only: prefill's key splits follow the live
+    # keys (15 keys: one split; 150: two). Declared fixed everywhere, the move is caught at
+    # the execute that makes it, before any stale grid runs.
+    from delegate.errors import ProgramError
+    from kernels_wgsl import attention
+
+    monkeypatch.setattr(attention, "decoding", lambda ins, attrs: True)
+    _, prog, _ = _lowered("webgpu", max_seq_len=160, max_context_len=160)
+    try:
+        m = prog.load_method("forward")
+        tokens = torch.randint(0, VOCAB, (1, 15))
+        m.execute([tokens, torch.tensor([0])])
+        with pytest.raises(ProgramError, match="declares fixed at every offset"):
+            m.execute([tokens, torch.tensor([135])])
     finally:
         prog.destroy()
 

@@ -16,7 +16,7 @@ as u32 0/1, converted on the host when uploaded and when read back.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,7 +24,8 @@ import torch
 import kernels_wgsl
 from delegate import ops as registry
 from delegate import symexpr
-from delegate.errors import BlobError, DelegateError, DeviceError, InputError, UnsupportedError
+from delegate.errors import (BlobError, DelegateError, DeviceError, InputError, ProgramError,
+                             UnsupportedError)
 from delegate.ir import Graph, TensorValue
 import kernels_cpu
 from delegate.runtime import cpu_fallback, planner
@@ -62,8 +63,11 @@ SUBMIT_EVERY = 32
 # unless it is submitted, only a binding whose grids no offset can move (no grid sites) holds
 # them; they stay with it across other bindings' executes, at most HELD_BINDINGS of them, and
 # destroy() submits whatever is still held, when nothing will read what those runs write.
-# ExecuTorch's Llama decode keeps finishing at execute: its sdpa's key splits follow the host's
-# input_pos (grid sites), so a finished buffer could go stale at a regrid.
+# A step that reads an offset (ExecuTorch's Llama decode: the cache writes and sdpa at the
+# host's input_pos) is a grid site unless its kernel declares the grid fixed at the binding's
+# shapes (Dispatch.fixed_grid: strided copies; sdpa at decode L, whose splits cover the whole
+# cache): then its grid is checked at every execute instead, and a move is a ProgramError,
+# never a stale finished buffer run.
 # H100, the T=1 layer's executor.execute, 4 alternated rounds of 300 in one run: min 193.1 ->
 # 163.8 us, median 227.0 -> 185.9 (nothing ahead: 213.9, median 270.6).
 HELD_BINDINGS = 4
@@ -97,6 +101,8 @@ class Replay:
                           # symbols: first twins only (their twins share the params slots)
     grid_sites: dict      # key -> [(list, index)] of it and its twins in dispatches and parts
     parts: list           # dispatch lists and CpuRuns in node order ([dispatches] without any)
+    fixed_grids: dict = field(default_factory=dict)   # key -> the grid a dynamic dispatch
+                          # declared fixed (Dispatch.fixed_grid) has at every offset
     regrids: int = 0      # how often an offset moved a grid: an encoder encoded ahead holds
                           # the grids of the count it was encoded at
 
@@ -384,7 +390,7 @@ class WebGpuExecutor:
     def _replay(self, b) -> Replay:
         block = bytearray(self._params_buffer.size)
         plan, dynamic, parts, cpu_steps, host, written = [], [], [[]], [], {}, set()
-        sites = {}   # an offset can change a grid too (sdpa's key splits): see _regrid
+        sites, fixed = {}, {}   # an offset can change a grid too (see _regrid), unless fixed
         for st, attrs, bound in zip(self.plan.steps, b.attrs, self._steps):
             if st.index in self._cpu_kernels:
                 cpu_steps.append(st)
@@ -397,13 +403,16 @@ class WebGpuExecutor:
             root, moving = self.plan.twin[st.index], st.index in self.plan.dynamic_steps
             for j, d in enumerate(bound):
                 grid = self._write_params(d, block, ins, outs, attrs, st, written)
-                if moving:   # kept even when skipped now: a later offset may run it
+                if moving:
                     key = (root, j)
                     if root == st.index:
                         dynamic.append((st.index, d, key))
-                    grid = grid or (0, 0)
-                    sites.setdefault(key, []).extend([(plan, len(plan)),
-                                                      (parts[-1], len(parts[-1]))])
+                    if _declared_fixed(d, ins, attrs):
+                        fixed[key] = grid or (0, 0)
+                    else:   # kept even when skipped now: a later offset may run it
+                        grid = grid or (0, 0)
+                        sites.setdefault(key, []).extend([(plan, len(plan)),
+                                                          (parts[-1], len(parts[-1]))])
                 if grid is not None:
                     plan.append((d, grid))
                     parts[-1].append((d, grid))
@@ -415,7 +424,7 @@ class WebGpuExecutor:
             size = kernels_wgsl.numel(b.live[vid]) * ELEMENT_BYTES
             reads.append((j, self._buffer_of(vid), offset, size))
             offset += size
-        return Replay(plan, bytes(block), reads, offset, dynamic, sites, parts)
+        return Replay(plan, bytes(block), reads, offset, dynamic, sites, parts, fixed_grids=fixed)
 
     def _size_staging(self, parts: list) -> None:
         need = max((p.staging_bytes for p in parts if isinstance(p, cpu_fallback.CpuRun)),
@@ -558,7 +567,13 @@ class WebGpuExecutor:
             attrs = attrs_now[i]
             ins = [None if v == -1 else b.live[v] for v in st.inputs]
             grid = self._write_params(d, block, ins, [b.live[v] for v in st.outputs], attrs, st)
-            b.payload.regrids += _regrid(b.payload.grid_sites[key], grid or (0, 0))
+            sites = b.payload.grid_sites.get(key)
+            if sites is not None:
+                b.payload.regrids += _regrid(sites, grid or (0, 0))
+            elif (grid or (0, 0)) != b.payload.fixed_grids[key]:
+                raise ProgramError(f"{st.where()} {d.spec.entry}: expected the grid "
+                                   f"{b.payload.fixed_grids[key]} its kernel declares fixed at "
+                                   f"every offset, got {grid or (0, 0)} at {attrs}")
         return bytes(block)
 
     def execute_profiled(self, inputs: list, mode: str = "each") -> tuple:
@@ -798,6 +813,12 @@ class WebGpuExecutor:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
+def _declared_fixed(d, ins, attrs) -> bool:
+    """Whether d's kernel declares its grid the same at every offset of these live shapes."""
+    fixed = d.spec.fixed_grid
+    return fixed is not None and bool(fixed(ins, attrs))
+
+
 def _regrid(sites: list, grid: tuple) -> bool:
     """Set the grid of a dynamic dispatch and its twins' where this execute's offsets moved
     it (the binding's lists hold the last execute's grids; (0, 0) encodes nothing); True when
