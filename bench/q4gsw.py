@@ -27,7 +27,6 @@ ranked by the decode step's GEMV time, each shape at its fastest schedule, and t
     python bench/q4gsw.py --sweep-gemv                 # every GEMV config at the decode shapes
     python bench/q4gsw.py --sweep-gemv --quick --reps 2 --shrink 8   # the same, on lavapipe
     python bench/q4gsw.py --profile-gemv    # the routed GEMV with parts cut: what each costs
-    python bench/q4gsw.py --gemv-decodes    # the routed schedules x nibble decodes x K constant
     ETWGPU_ADAPTER=nvidia python bench/q4gsw.py --skip-cpu
 """
 from __future__ import annotations
@@ -37,7 +36,6 @@ import itertools
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -418,9 +416,8 @@ def time_gemv(gpu: Gpu, spec, k: int, n: int, operands, reps: int):
     return gpu.time(encode, reps)
 
 
-def sweep_shape(gpu: Gpu, k: int, n: int, subgroups: bool, reps: int, configs=None) -> list:
-    """[(config, seconds, wall seconds, relative error, output bytes)] of every config (or of
-    `configs`) and the routed one."""
+def sweep_shape(gpu: Gpu, k: int, n: int, subgroups: bool, reps: int) -> list:
+    """[(config, seconds, wall seconds, relative error, output bytes)] of every config."""
     from kernels_wgsl import q4gsw as wq
 
     operands = gemv_operands(gpu, k, n)
@@ -428,9 +425,9 @@ def sweep_shape(gpu: Gpu, k: int, n: int, subgroups: bool, reps: int, configs=No
     epi = wq.bias_epilogue(False)
     rows = []
     routed = wq.gemv_config(k, n, gpu.dev, subgroups)
-    configs = gemv_configs(gpu, k, subgroups) if configs is None else configs
+    configs = gemv_configs(gpu, k, subgroups)
     for config in configs + ([routed] if routed not in configs else []):
-        spec = wq.coop_gemv(subgroups, n, epi, lambda m, n: True, config, GROUP, None, k)
+        spec = wq.coop_gemv(subgroups, n, epi, lambda m, n: True, config, GROUP)
         gpu.device.queue.write_buffer(operands[2], 0, bytes(4 * n))   # no stale bits pass
         t_ts, t_wall = time_gemv(gpu, spec, k, n, operands, reps)
         bits = bytes(gpu.device.queue.read_buffer(operands[2]))
@@ -522,42 +519,6 @@ def gemv_sweep(args) -> None:
                           "each layout gives one output whatever its schedule"))
         results[(k, n)] = (count, rows, routed)
     print_sweep_summary(results)
-    gpu.release()
-
-
-def decode_variants(gpu: Gpu, routed, subgroups: bool) -> list:
-    """The routed schedule and its neighbours in cols and unroll, each with every nibble
-    decode the device builds and K a uniform or a constant (GemvConfig.decode, static_k)."""
-    from kernels_wgsl import q4gsw as wq
-
-    schedules = {(routed.cols, routed.unroll), (4, 4), (8, 1), (4, 2)}
-    out = []
-    for (cols, unroll), decode, static_k in itertools.product(sorted(schedules), (0, 1),
-                                                              (False, True)):
-        config = replace(routed, cols=cols, unroll=unroll, decode=decode, static_k=static_k)
-        if config.fits(gpu.dev, subgroups):
-            out.append(config)
-    return out
-
-
-def gemv_decode_sweep(args) -> None:
-    """--gemv-decodes: the decode-step GEMV shapes at decode_variants; one output per layout."""
-    from kernels_wgsl import q4gsw as wq
-
-    gpu = open_gpu(args)
-    subgroups = bool(gpu.dev.has_subgroups)
-    copy_bw, tc = copy_peers(gpu, args.reps)
-    print(f"GEMV nibble decodes (d0 f32, d1 f16 pairs widened) and K constant (sk), min of {gpu.trials} trials of {args.reps} back-to-back dispatches")
-    for k, n, count in sweep_shapes(args.shrink):
-        if not count:
-            continue
-        routed = wq.gemv_config(k, n, gpu.dev, subgroups)
-        rows = sweep_shape(gpu, k, n, subgroups, args.reps, decode_variants(gpu, routed,
-                                                                            subgroups))
-        print_sweep_rows(k, n, rows, routed, copy_bw, tc)
-        differ = layout_bits_agree(rows)
-        print("bits: " + (f"DIFFER across the variants of layouts {differ}" if differ else
-                          "every variant of a layout gives one output"), flush=True)
     gpu.release()
 
 
@@ -677,8 +638,6 @@ def main(argv=None) -> int:
                     help="time every GEMV config at the decode shapes (only this)")
     ap.add_argument("--reps", type=int, default=50, help="dispatches per timed pass (sweep)")
     ap.add_argument("--shrink", type=int, default=1, help="divide the sweep's K and N by this")
-    ap.add_argument("--gemv-decodes", action="store_true",
-                    help="the routed GEMV schedules with each nibble decode and K constant (only this)")
     ap.add_argument("--profile-gemv", action="store_true",
                     help="the routed GEMV with its loads cached, decode and FMAs cut (only this)")
     args = ap.parse_args(argv)
@@ -687,9 +646,6 @@ def main(argv=None) -> int:
         return 0
     if args.sweep_gemv:
         gemv_sweep(args)
-        return 0
-    if args.gemv_decodes:
-        gemv_decode_sweep(args)
         return 0
     if not args.skip_gpu:
         gpu_tables(args)

@@ -300,15 +300,6 @@ GEMV_MIN_LANES, GEMV_MAX_LANES = 32, 256  # ... within these (256: WebGPU's defa
 # (N = 128256, the LM head: 59.99 us against 65.69 for c8 u4 and 63.93 for c4 u4), where
 # the grid alone keeps loads enough in flight. No N between 16384 and 128256 was measured.
 GEMV_WIDE_N = 65536
-# How q4gsw_coop_gemv.wgsl widens an f16 pair of biased nibbles to f32 (its DECODE): the
-# pair's bits, and the bias (1024 + 8, or 1024 + 8 * 16 for the nibble 4 bits up).
-GEMV_DECODES = {
-    0: "fn nibble_pair(bits: u32, bias: f32) -> vec2<f32> { return vec2<f32>(0.0); }",
-    1: "fn nibble_pair(bits: u32, bias: f32) -> vec2<f32> "
-       "{ return unpack2x16float(bits) - vec2<f32>(bias); }",
-}
-# (An f16 subtract before the widening would need bitcast<vec2<f16>>(u32), which naga 0.32's
-# validator types as vec2<f32> and rejects.)
 
 
 @dataclass(frozen=True)
@@ -322,22 +313,19 @@ class GemvConfig:
     cols: int = 8           # output columns per workgroup: 4, 8 or 16
     unroll: int = 4         # chunks per lane whose loads a loop step issues together: 1, 2, 4
     x_staged: bool = False  # x read through workgroup memory instead of global loads
-    decode: int = 0         # nibbles to floats (the shader's DECODE): 0 f32, 1 f16 pairs
-    static_k: bool = False  # K a constant of the shader, not a uniform (the loop's trip count)
 
     def __post_init__(self):
         ok = (self.words in GEMV_CHUNKS and self.cols in GEMV_COLS
               and self.unroll in GEMV_UNROLLS and self.lanes >= 32
-              and self.lanes & (self.lanes - 1) == 0 and self.decode in GEMV_DECODES)
+              and self.lanes & (self.lanes - 1) == 0)
         if not ok:
             raise UnsupportedError(f"GEMV config: expected words 1/2/4, lanes a power of 2 >= 32, "
-                                   f"cols 4/8/16, unroll 1/2/4, decode 0/1, got {self}")
+                                   f"cols 4/8/16, unroll 1/2/4, got {self}")
 
     @property
     def name(self) -> str:
         return (f"w{self.words} l{self.lanes} c{self.cols} u{self.unroll}"
-                + (" xs" if self.x_staged else "") + (f" d{self.decode}" if self.decode else "")
-                + (" sk" if self.static_k else ""))
+                + (" xs" if self.x_staged else ""))
 
     def workgroup_bytes(self, subgroups: bool, norm: bool = False) -> int:
         """Workgroup memory: the reduction's (per subgroup, or per lane and column), x's and a
@@ -355,15 +343,8 @@ class GemvConfig:
                 and self.workgroup_bytes(subgroups, norm)
                 <= limits.get("max-compute-workgroup-storage-size", 16384))
 
-    def prelude(self, group_size: int, k: int = 0) -> str:
-        """The shader's constants; K (the op's) only matters with static_k."""
+    def prelude(self, group_size: int) -> str:
         chunk, widen = GEMV_CHUNKS[self.words]
-        k_words = int(k) // 8 if self.static_k else 0
-        if self.static_k and k_words % self.words:
-            raise UnsupportedError(f"GEMV config {self.name}: K {k} is not a whole number of "
-                                   f"{8 * self.words}-weight chunks")
-        chunks = k_words // self.words
-        even = self.static_k and chunks % (self.unroll * self.lanes) == 0
         return "\n".join([
             f"alias wchunk = {chunk};",
             f"fn words4(c: wchunk) -> vec4<u32> {{ return {widen}; }}",
@@ -371,10 +352,7 @@ class GemvConfig:
             f"const QUADS: u32 = {self.cols // 4}u;", f"const UNROLL: u32 = {self.unroll}u;",
             f"const GROUP: u32 = {int(group_size)}u;",
             f"const X_STAGED: bool = {str(self.x_staged).lower()};",
-            f"const X_STAGE_LEN: u32 = {self.x_stage_len()}u;",
-            f"const DECODE: u32 = {self.decode}u;", GEMV_DECODES[self.decode],
-            f"const STATIC_K: bool = {str(self.static_k).lower()};",
-            f"const K_WORDS: u32 = {k_words}u;", f"const EVEN: bool = {str(even).lower()};"])
+            f"const X_STAGE_LEN: u32 = {self.x_stage_len()}u;"])
 
 
 def _pow2_at_least(v: int) -> int:
@@ -420,8 +398,7 @@ def coop_gemv(subgroups: bool, n: int, epi: Epilogue, runs, config: GemvConfig,
     args = epi.args if norm is None else _pad7(epi.args, 3)
     return Dispatch(GEMV, GEMV, args, epi.writes, sizes, epi.constants,
                     label=GEMV + ("_subgroup" if subgroups else ""),
-                    prelude="\n".join([config.prelude(group_size, k), reduce, prologue,
-                                        epi.wgsl]))
+                    prelude="\n".join([config.prelude(group_size), reduce, prologue, epi.wgsl]))
 
 
 def _gemv(ins, outs, attrs, epi: Epilogue, info, norm: Optional[Norm]) -> Dispatch:

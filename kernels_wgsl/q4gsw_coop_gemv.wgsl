@@ -20,15 +20,6 @@
 //   bitcast<f32>(0x4B000000 | (word & (0xF << 4i))) - (2^23 + 8 * 16^i) = (v_i - 8) * 16^i
 // is q_i * 16^i, and the activations are prescaled by 16^-i once per chunk (shared by the
 // COLS columns): per weight one and-or, one subtract and one fma, all exact but the fma.
-// DECODE picks how a word becomes floats; both give the same bits (each value is q_i times
-// a power of two that the prescaled x undoes exactly):
-//   0  the f32 form above: per nibble an and-or and an f32 subtract;
-//   1  two nibbles per and-or as the f16 pair 0x6400 | v (1024 + v, or 1024 + 16 v for the
-//      nibble 4 bits up), widened by unpack2x16float and unbiased in f32 (x prescaled by 1,
-//      1/16, 1, 1/16: the upper two nibbles of each half come down by one shift of the word):
-//      half the integer ops, a widening per weight instead.
-// With STATIC_K the row's chunk count is the prelude's constant, and EVEN (every loop step's
-// chunks lie in the row) drops the clamps of the last step.
 // Loads: a step first issues every weight and scale load of its UNROLL chunks (the ones that
 // wait on memory), then reads x: from global memory (L1 hits), or with X_STAGED from a copy
 // the workgroup stages in workgroup memory, laid out [x vec4 i][chunk] so that the lanes'
@@ -54,12 +45,7 @@ var<workgroup> x_stage: array<vec4<f32>, X_STAGE_LEN>;   // [i][chunk of the ste
 const NIBBLE_MASK = vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u);
 const F32_2P23: u32 = 0x4B000000u;
 const NIBBLE_BIAS = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376.0);   // 2^23 + 8*16^i
-const NIBBLE_WEIGHT_F32 = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-i
-const NIBBLE_WEIGHT_PAIR = vec4<f32>(1.0, 0.0625, 1.0, 0.0625);  // DECODE 1 and 2
-const NIBBLE_WEIGHT = select(NIBBLE_WEIGHT_F32, NIBBLE_WEIGHT_PAIR, DECODE > 0u);
-const PAIR_LOW: u32 = 0x000F000Fu;    // nibbles 0 and 4 (of w >> 8: 2 and 6), bits 0-3 of a half
-const PAIR_HIGH: u32 = 0x00F000F0u;   // nibbles 1 and 5 (3 and 7), bits 4-7 of a half
-const F16_1024X2: u32 = 0x64006400u;  // the f16 pair (1024, 1024): ulp 1
+const NIBBLE_WEIGHT = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-i
 
 // Named fields, not arrays: indexed private arrays ended up in local memory on NVIDIA.
 // Quads past QUADS, words past WORDS and steps past UNROLL stay zero and unread.
@@ -86,31 +72,12 @@ fn acc_col(a: Acc, c: u32) -> f32 {
     return q[c % 4u];
 }
 
-// The word's 8 nibbles as (v_i - 8) times the power of two that NIBBLE_WEIGHT undoes: lo
-// nibbles 0-3, hi 4-7.
-struct Nibbles { lo: vec4<f32>, hi: vec4<f32> }
-
-fn nibbles(word: u32) -> Nibbles {
-    if (DECODE == 0u) {
-        let lo = bitcast<vec4<f32>>((vec4<u32>(word) & NIBBLE_MASK) | vec4<u32>(F32_2P23))
-                 - NIBBLE_BIAS;
-        let hi = bitcast<vec4<f32>>((vec4<u32>(word >> 16u) & NIBBLE_MASK) | vec4<u32>(F32_2P23))
-                 - NIBBLE_BIAS;
-        return Nibbles(lo, hi);
-    }
-    let down = word >> 8u;
-    let a = nibble_pair((word & PAIR_LOW) | F16_1024X2, 1032.0);    // (v0, v4), biased
-    let b = nibble_pair((word & PAIR_HIGH) | F16_1024X2, 1152.0);   // 16 (v1, v5)
-    let c = nibble_pair((down & PAIR_LOW) | F16_1024X2, 1032.0);    // (v2, v6)
-    let e = nibble_pair((down & PAIR_HIGH) | F16_1024X2, 1152.0);   // 16 (v3, v7)
-    return Nibbles(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
-}
-
 // acc + sum_i q_i * x_i over the word's 8 nibbles; xa/xb: x of its low/high 4, prescaled
 fn nibble_dot(word: u32, xa: vec4<f32>, xb: vec4<f32>, acc: f32) -> f32 {
-    let n = nibbles(word);
-    let lo = n.lo;
-    let hi = n.hi;
+    let lo = bitcast<vec4<f32>>((vec4<u32>(word) & NIBBLE_MASK) | vec4<u32>(F32_2P23))
+             - NIBBLE_BIAS;
+    let hi = bitcast<vec4<f32>>((vec4<u32>(word >> 16u) & NIBBLE_MASK) | vec4<u32>(F32_2P23))
+             - NIBBLE_BIAS;
     var d = fma(lo.x, xa.x, acc);
     d = fma(lo.y, xa.y, d);
     d = fma(lo.z, xa.z, d);
@@ -198,8 +165,8 @@ fn stage_x(j0: u32, chunks: u32, lane: u32) {
 
 // acc + chunk j's block dotted with x, if j is one of the row's chunks
 fn accumulate(acc: Acc, b: Block, j: u32, slot: u32, chunks: u32) -> Acc {
-    let ok = EVEN || j < chunks;
-    let xc = load_x(clamped(j, chunks - 1u), slot);
+    let ok = j < chunks;
+    let xc = load_x(min(j, chunks - 1u), slot);
     var r = acc;
     r.q0 = select(acc.q0, fma(quad_dot(b.q0, xc), b.s.q0, acc.q0), ok);
     if (QUADS > 1u) {
@@ -210,22 +177,6 @@ fn accumulate(acc: Acc, b: Block, j: u32, slot: u32, chunks: u32) -> Acc {
         r.q3 = select(acc.q3, fma(quad_dot(b.q3, xc), b.s.q3, acc.q3), ok);
     }
     return r;
-}
-
-// chunks of a column's row
-fn row_chunks() -> u32 {
-    if (STATIC_K) {
-        return K_WORDS / WORDS;
-    }
-    return p.k_words / WORDS;
-}
-
-// chunk j, or `last` past it (EVEN: never past it)
-fn clamped(j: u32, last: u32) -> u32 {
-    if (EVEN) {
-        return j;
-    }
-    return min(j, last);
 }
 
 fn column_rows(n0: u32, chunks: u32) -> Rows {
@@ -240,23 +191,23 @@ fn column_rows(n0: u32, chunks: u32) -> Rows {
 // so is the call of begin_x (its barriers), made once the first step's weight loads are
 // issued so that the prologue's own loads and barriers wait under theirs.
 fn lane_partials(n0: u32, lane: u32) -> Acc {
-    let chunks = row_chunks();
+    let chunks = p.k_words / WORDS;
     let rows = column_rows(n0, chunks);
     let sq = min(vec4<u32>(n0 / 4u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n_pad / 4u - 1u));
     let last = chunks - 1u;
     var acc = Acc();
     for (var j0 = 0u; j0 < chunks; j0 = j0 + STEP) {
         let j = j0 + lane;
-        let b0 = load_block(rows, sq, clamped(j, last));
+        let b0 = load_block(rows, sq, min(j, last));
         var b1: Block;
         var b2: Block;
         var b3: Block;
         if (UNROLL > 1u) {
-            b1 = load_block(rows, sq, clamped(j + LANES, last));
+            b1 = load_block(rows, sq, min(j + LANES, last));
         }
         if (UNROLL > 2u) {
-            b2 = load_block(rows, sq, clamped(j + 2u * LANES, last));
-            b3 = load_block(rows, sq, clamped(j + 3u * LANES, last));
+            b2 = load_block(rows, sq, min(j + 2u * LANES, last));
+            b3 = load_block(rows, sq, min(j + 3u * LANES, last));
         }
         if (j0 == 0u) {
             begin_x(lane);

@@ -298,9 +298,7 @@ def test_nan_and_inf_activations_propagate_like_eager(variant, monkeypatch, m):
 GEMV_CONFIGS = [wq.GemvConfig(*c) for c in [
     (1, 64, 8, 4, False), (1, 32, 4, 1, False), (1, 128, 16, 2, False), (1, 256, 4, 4, False),
     (2, 32, 8, 4, False), (2, 64, 16, 1, True), (2, 128, 4, 2, True),
-    (4, 32, 16, 1, False), (4, 64, 4, 4, True), (4, 32, 8, 2, True)]] + [
-    wq.GemvConfig(2, 32, 8, 1, False, 1, True), wq.GemvConfig(1, 64, 4, 4, False, 1, False),
-    wq.GemvConfig(4, 32, 4, 2, True, 0, True)]
+    (4, 32, 16, 1, False), (4, 64, 4, 4, True), (4, 32, 8, 2, True)]]
 # (N, K, gs, bias): chunks per lane ragged for every width (K = 2080 = 32 * 65), N below one
 # workgroup's columns and off the scales' 4, fewer chunks than lanes, every group size.
 GEMV_SHAPES = [(37, 2080, 32, True), (13, 384, 128, False), (264, 192, 64, True),
@@ -352,30 +350,6 @@ def test_gemv_schedule_changes_no_output_bit(monkeypatch, reduction, words, lane
         _force_gemv(monkeypatch, lambda k, n: config)
         outs.append(_gemv_out(q4gsw_graph(n, k, gs, True, m_max=2), weights, x)[0])
     assert all(torch.equal(outs[0], o) for o in outs[1:])
-
-
-@pytest.mark.parametrize("reduction", list(REDUCTIONS))
-@pytest.mark.parametrize("n,k,gs", [(37, 2080, 32), (40, 2048, 64), (13, 384, 128)])
-@pytest.mark.parametrize("words,lanes,unroll", [(1, 64, 4), (2, 32, 4), (2, 32, 1), (4, 32, 2)])
-def test_gemv_decode_and_static_k_change_no_output_bit(monkeypatch, reduction, n, k, gs, words,
-                                                       lanes, unroll):
-    """The nibble decodes (f32; f16 pairs widened) and K as a constant (with and without EVEN:
-    K = 2048 fills every loop step at these layouts, 2080 and 384 do not) give the f32
-    decode's bits."""
-    _device_variant(monkeypatch, False, REDUCTIONS[reduction])
-    _, _, _, weights = weights_for(n, k, gs, True, seed=k)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(n))
-    outs = []
-    for decode, static_k in itertools.product((0, 1), (False, True)):
-        config = wq.GemvConfig(words, lanes, 4, unroll, False, decode, static_k)
-        _force_gemv(monkeypatch, lambda k, n: config)
-        outs.append(_gemv_out(q4gsw_graph(n, k, gs, True, m_max=2), weights, x)[0])
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-
-
-def test_gemv_static_k_refuses_a_k_of_partial_chunks():
-    with pytest.raises(UnsupportedError, match="whole number"):
-        wq.GemvConfig(4, 32, 4, 1, False, 0, True).prelude(32, 2080 + 8)
 
 
 def q4gsw_multi_graph(k: int, gs: int, widths, m_max: int = 2):
@@ -462,7 +436,7 @@ def test_gemv_lanes_past_the_device_limit_fall_back_to_64():
 
 
 @pytest.mark.parametrize("bad", [dict(words=3), dict(lanes=48), dict(lanes=16), dict(cols=12),
-                                 dict(unroll=3), dict(decode=2)])
+                                 dict(unroll=3)])
 def test_gemv_config_rejects_what_the_kernel_cannot_build(bad):
     with pytest.raises(UnsupportedError, match="GEMV config"):
         wq.GemvConfig(**bad)
