@@ -292,8 +292,7 @@ def sdpa(ins, outs, attrs, info):
     def sizes_when(decode: bool):
         def sizes(ins, outs, attrs):
             packed, count, _ = params(ins, outs, attrs)
-            decoding = sdpa_read_shapes(ins, attrs)[0][2] <= DECODE_L
-            return packed, count if decoding == decode else 0
+            return packed, count if decode_l(ins, attrs) == decode else 0
         return sizes
 
     def combine_sizes(ins, outs, attrs):
@@ -326,7 +325,13 @@ def sdpa(ins, outs, attrs, info):
     return kernels
 
 
-def decoding(ins, attrs) -> bool:
-    """At a binding of live L <= DECODE_L every sdpa grid is the same at every kv_len: decode
-    splits the cache's whole range, prefill does not run, combine follows decode's splits."""
+def decode_l(ins, attrs) -> bool:
+    """Whether the live L picks the decode kernel (L <= DECODE_L)."""
     return sdpa_read_shapes(ins, attrs)[0][2] <= DECODE_L
+
+
+def decoding(ins, attrs) -> bool:
+    """sdpa's Dispatch.fixed_grid: at a binding of decode L every sdpa grid is the same at
+    every kv_len (decode splits the cache's whole range, prefill does not run, combine follows
+    decode's splits); at prefill L the splits follow the live keys."""
+    return decode_l(ins, attrs)

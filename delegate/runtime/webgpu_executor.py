@@ -566,14 +566,15 @@ class WebGpuExecutor:
             st = self.plan.steps[i]
             attrs = attrs_now[i]
             ins = [None if v == -1 else b.live[v] for v in st.inputs]
-            grid = self._write_params(d, block, ins, [b.live[v] for v in st.outputs], attrs, st)
+            grid = self._write_params(d, block, ins, [b.live[v] for v in st.outputs], attrs,
+                                      st) or (0, 0)
             sites = b.payload.grid_sites.get(key)
             if sites is not None:
-                b.payload.regrids += _regrid(sites, grid or (0, 0))
-            elif (grid or (0, 0)) != b.payload.fixed_grids[key]:
+                b.payload.regrids += _regrid(sites, grid)
+            elif grid != b.payload.fixed_grids[key]:
                 raise ProgramError(f"{st.where()} {d.spec.entry}: expected the grid "
                                    f"{b.payload.fixed_grids[key]} its kernel declares fixed at "
-                                   f"every offset, got {grid or (0, 0)} at {attrs}")
+                                   f"every offset, got {grid} at {attrs}")
         return bytes(block)
 
     def execute_profiled(self, inputs: list, mode: str = "each") -> tuple:
