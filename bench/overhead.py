@@ -156,6 +156,23 @@ def _encode_us(executor, x) -> float:
     return t
 
 
+def _transfers_us(executor, x, runs: int) -> float:
+    """Wall µs of an execute's host-GPU traffic alone, through the executor's own buffers: the
+    input upload, the live outputs' copies into the readback buffer in one submit, the map
+    wait and the copy out; no dispatch. What the wall spends on moving bytes and on one
+    submit-to-map round trip, which no host work of ours can go under."""
+    b = executor.plan.binding_for([x])
+    device, queue = executor._gpu.device, executor._gpu.queue
+
+    def transfer():
+        executor._upload(b, [x])
+        enc = device.create_command_encoder()
+        executor._encode_copies(enc, b)
+        queue.submit([enc.finish()])
+        executor._read(b, None)
+    return min_us(transfer, runs)
+
+
 def _gpu_us(executor, x, mode: str = "each", runs: int = 3) -> float:
     """Min over `runs` of the GPU timestamps summed, timed as execute_profiled's `mode` times
     them: "each" (a pass per dispatch, what the issues measured) or "whole" (one pass holding
@@ -262,6 +279,7 @@ def llama(args) -> list:
         other_label = "not encoding ahead (ETWGPU_ENCODE_AHEAD=0)" if was else \
             "encoding ahead (the default)"
         n = len(executor.plan.binding_for([x]).payload.dispatches)
+        moved = _transfers_us(executor, x, 50 if t == 1 else 10)
         rows += [(f"llama layer T={t} webgpu: wall", wall * 1e3, "µs"),
                  (f"  GPU timestamps sum ({n} dispatches, a pass each)", gpu, "µs"),
                  ("  GPU timestamps of one pass (as execute encodes)", one, "µs"),
@@ -276,10 +294,20 @@ def llama(args) -> list:
                  ("  host / budget (6 µs x dispatches + 200 µs)", (wall * 1e3 - gpu) / (6 * n + 200),
                   "x"),
                  ("  host (wall - GPU one pass) / budget", (wall * 1e3 - one) / (6 * n + 200),
-                  "x")] + _dispatch_rows(executor, x)
+                  "x"),
+                 (f"  transfers alone ({_kib(x)} KiB in, outputs back, one submit, no "
+                  f"dispatch)", moved, "µs"),
+                 ("  host less transfers (wall - GPU one pass - transfers)",
+                  wall * 1e3 - one - moved, "µs"),
+                 ("  that / budget", (wall * 1e3 - one - moved) / (6 * n + 200), "x")]
+        rows += _dispatch_rows(executor, x)
     rows += _norm_fusion_rows(args, executor)
     prog.destroy()
     return rows
+
+
+def _kib(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size() // 1024
 
 
 def _unfinished_wall(m, x, runs: int) -> float:
