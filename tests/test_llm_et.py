@@ -287,3 +287,39 @@ def test_a_position_past_the_cache_is_a_typed_error(device):
             m.execute([torch.randint(0, VOCAB, (1, 4)), torch.tensor([30])])   # 30 + 4 > 32
     finally:
         prog.destroy()
+
+
+def test_decode_params_computed_ahead_at_the_next_position_match_a_fresh_computation():
+    # While the GPU runs a decode step, the executor computes the params of the step one
+    # token on (the offsets repeating the last step's move). The next step uses them only at
+    # exactly those offsets: a jump, a new binding, or a guess past the cache's end computes
+    # its own, and every step's logits are bit-identical to a load that never guesses.
+    from delegate.errors import InputError
+
+    _, prog, pm = _lowered("webgpu")
+    plain = Runtime.get().load_program(pm.buffer, device="webgpu")
+    try:
+        m, ref = prog.load_method("forward"), plain.load_method("forward")
+        (_, executor), = m.delegates
+        (_, never), = ref.delegates
+        never.params_ahead = False
+        torch.manual_seed(3)
+        positions = [(0, 5), (5, 1), (6, 1), (7, 1), (8, 1), (12, 1), (13, 1), (14, 1),
+                     (15, 4), (19, 1), (28, 1), (29, 1), (30, 1)]   # export checks pos <= 30
+        hits = []
+        for pos, t in positions:
+            tokens = torch.randint(0, VOCAB, (1, t))
+            before = executor.params_ahead_hits
+            got = _logits(m.execute([tokens, torch.tensor([pos])]))
+            want = _logits(ref.execute([tokens, torch.tensor([pos])]))
+            assert torch.equal(got, want), f"at {pos}"
+            hits.append(executor.params_ahead_hits - before)
+        # guessed right: 7 and 8 (after 5, 6), 14 (after 12, 13), 30 (after 28, 29); the guess
+        # after 30 (31) fails the export's check and was dropped, so 31 itself raises it
+        assert hits == [0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1], hits
+        assert never.params_ahead_hits == 0
+        with pytest.raises(InputError):
+            m.execute([torch.randint(0, VOCAB, (1, 1)), torch.tensor([31])])
+    finally:
+        prog.destroy()
+        plain.destroy()

@@ -141,8 +141,12 @@ class GraphPlan:
         """step index -> its attributes at this execute's offsets, for the steps that read an
         offset symbol; each is checked by its shape function (a cache write past the end is an
         InputError here, before any kernel runs)."""
+        return self.attrs_at(b, self.offset_env(inputs))
+
+    def attrs_at(self, b: Binding, offsets: dict) -> dict:
+        """dynamic_attrs at the offset symbols' values `offsets` (offset_env's dict)."""
         env = dict(b.env)
-        env.update(self.offset_env(inputs))
+        env.update(offsets)
         _run_checks(self._offset_checks, env)
         out = {}
         for i in self.dynamic_steps:
@@ -158,7 +162,7 @@ class GraphPlan:
             except DelegateError as e:
                 raise InputError(f"{st.where()}: {e}") from None
             if got != want:   # a slice past its source's end at this offset
-                raise InputError(f"{st.where()} at offsets {self.offset_env(inputs)}: expected "
+                raise InputError(f"{st.where()} at offsets {offsets}: expected "
                                  f"output shapes {want}, got {got}")
             out[i] = attrs
         return out
