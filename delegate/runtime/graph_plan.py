@@ -126,7 +126,10 @@ class GraphPlan:
             return None
 
     def offset_env(self, inputs: list) -> dict:
-        """Values of the offset symbols for this execute (empty when the graph has none)."""
+        """Values of the offset symbols for this execute (empty when the graph has none, or
+        when no step or check reads one: nothing per execute uses them)."""
+        if not self.per_execute:
+            return {}
         try:   # each layer's `.item()` of one position is its own symbol: read it once
             read: dict = {}
             return {s.name: read[s.input, s.dim] if (s.input, s.dim) in read else

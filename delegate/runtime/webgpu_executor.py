@@ -162,7 +162,7 @@ class WebGpuExecutor:
         self._last = None             # the binding of the last execute
         self.finished_submits = 0     # executes that submitted command buffers finished ahead
         self._offsets_last = None     # (binding, offset values) of the last execute
-        self._params_next = None      # (binding, offsets, attrs, params prefix) computed ahead
+        self._params_next = None      # (binding, offsets, (attrs, params prefix)) computed ahead
         self.params_ahead = True      # _predict_params on (a benchmark's A/B switch)
         self.params_ahead_hits = 0    # executes whose offset-dependent params were ready
         self.transfers = Transfers()
@@ -462,7 +462,7 @@ class WebGpuExecutor:
     def execute(self, inputs: list, outputs: list | None = None) -> list:
         """Run the graph; `outputs` as for CpuExecutor.execute."""
         b = self.plan.binding_for(inputs)
-        offsets = self.plan.offset_env(inputs) if self.plan.per_execute else {}
+        offsets = self.plan.offset_env(inputs)
         attrs_now = self._upload(b, inputs, offsets)
         ahead, self._ahead = self._ahead, None
         held = self._take_held(b)
@@ -545,7 +545,7 @@ class WebGpuExecutor:
         offset-dependent steps' attributes at this execute (`offsets`: offset_env's, read
         here when not given)."""
         if offsets is None:
-            offsets = self.plan.offset_env(inputs) if self.plan.per_execute else {}
+            offsets = self.plan.offset_env(inputs)
         queue, moved = self._gpu.queue, self.transfers.begin()
         for k, vid in self._uploaded_inputs:
             t = inputs[k]
@@ -574,27 +574,28 @@ class WebGpuExecutor:
         ready, self._params_next = self._params_next, None
         if ready is not None and ready[0] is b and ready[1] == offsets:
             self.params_ahead_hits += 1
-            return ready[2], ready[3]
-        if not self.plan.per_execute:
-            return {}, b""
-        attrs_now = self.plan.attrs_at(b, offsets)
-        return attrs_now, self._dynamic_params(b, attrs_now) if b.payload.dynamic else b""
+            return ready[2]
+        return self._params_at(b, offsets) if self.plan.per_execute else ({}, b"")
+
+    def _params_at(self, b, offsets: dict) -> tuple:
+        """(attributes, params prefix) of b's offset-dependent steps at `offsets`."""
+        attrs = self.plan.attrs_at(b, offsets)
+        return attrs, self._dynamic_params(b, attrs) if b.payload.dynamic else b""
 
     def _predict_params(self, b, offsets: dict) -> None:
         """Compute the next execute's offset-dependent attributes and params prefix while the
         GPU runs this one, at offsets that repeat the last step (a decode step: the position
-        one token on). On the H100, ExecuTorch's Llama-3.2-1B decode spent ~650 us a step
-        here, before the GPU started. Not for a binding with grid sites, where computing the
-        params moves grids; a guess the checks refuse is dropped (that execute, if it comes,
-        raises the error itself)."""
+        one token on). On the H100, ExecuTorch's Llama-3.2-1B decode spent ~650 us a step in
+        _upload, before the GPU started, mostly computing these. Not for a binding with grid
+        sites, where computing the params moves grids; a guess the checks refuse is dropped
+        (that execute, if it comes, raises the error itself)."""
         last, self._offsets_last = self._offsets_last, (b, offsets)
-        if not self.params_ahead or not offsets or last is None or last[0] is not b or b.payload.grid_sites:
+        if (not self.params_ahead or not offsets or last is None or last[0] is not b
+                or b.payload.grid_sites):
             return
         guess = {name: 2 * v - last[1][name] for name, v in offsets.items()}
         try:
-            attrs = self.plan.attrs_at(b, guess)
-            self._params_next = (b, guess, attrs,
-                                 self._dynamic_params(b, attrs) if b.payload.dynamic else b"")
+            self._params_next = (b, guess, self._params_at(b, guess))
         except DelegateError:
             pass
 
