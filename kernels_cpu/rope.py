@@ -9,12 +9,15 @@ is viewed and expanded (never copied) to that same shape. Then
 as one mul and one addcmul each: the roundings of the unfused mul, mul, sub (add). Channels
 past R are copied. Large tensors split along a leading dim, never the pair axis. rope_pair
 runs rope on each of its two tensors with the shared tables: the same ops, so the same bits.
+rope_cache runs rope on q, rope on k with its cache rows (viewed in k's layout) as the
+output, and v's slice_scatter_: the same ops again, with no k' in between.
 """
 from __future__ import annotations
 
 import torch
 
 from kernels_cpu import register_kernel
+from kernels_cpu.shape import slice_scatter_
 from kernels_cpu.threadpool import get_pool
 
 # Below this many elements (1 MiB of float32) a pool dispatch costs more than it saves.
@@ -76,3 +79,20 @@ def rope_pair(ins, outs, attrs, scratch):
     q, k, cos, sin = ins[:4]
     rope([q, cos, sin], [outs[0]], attrs, scratch)
     rope([k, cos, sin], [outs[1]], attrs, scratch)
+
+
+@register_kernel("rope_cache")
+def rope_cache(ins, outs, attrs, scratch):
+    """outs[0] is ins[0]'s storage and ins[2] is written in place too (slice_scatter_pair's
+    operands); the source named by attrs["rotated"] is rotated into its cache rows."""
+    writes = [(outs[0], ins[1], attrs["src_dims"]), (ins[2], ins[3], attrs["src_dims1"])]
+    for j, (cache, src, dims) in enumerate(writes):
+        if j != attrs["rotated"]:
+            slice_scatter_([cache, src], [cache], {**attrs, "src_dims": dims}, scratch)
+            continue
+        dims = dims or list(range(src.dim()))
+        d = attrs["dim"] % cache.dim()
+        rows = cache.narrow(d, attrs["start"], src.shape[dims[d]])
+        inverse = sorted(range(len(dims)), key=dims.__getitem__)
+        rope([src, ins[5], ins[6]], [rows.permute(*inverse)], attrs, scratch)
+    rope([ins[4], ins[5], ins[6]], [outs[1]], attrs, scratch)

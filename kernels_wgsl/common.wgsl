@@ -22,6 +22,24 @@ fn strided_offset(i: u32, rank: u32, shape: array<vec4<u32>, 2>, strides: array<
     return off;
 }
 
+// One strided copy over the linear index i of `shape` (shape.wgsl's family; rope_cache's
+// cache writes): dst[dst_offset + offset(i, dst_strides)] = src[src_offset + offset(i, src_strides)].
+struct CopyParams {
+    n: u32,
+    rank: u32,
+    src_offset: u32,
+    dst_offset: u32,
+    shape: array<vec4<u32>, 2>,
+    src_strides: array<vec4<u32>, 2>,
+    dst_strides: array<vec4<u32>, 2>,
+}
+
+// (source, destination) element offsets of linear index i of copy c.
+fn copy_offsets(i: u32, c: CopyParams) -> vec2<u32> {
+    return vec2<u32>(c.src_offset + strided_offset(i, c.rank, c.shape, c.src_strides),
+                     c.dst_offset + strided_offset(i, c.rank, c.shape, c.dst_strides));
+}
+
 // IEEE special values and tests on the bits: WGSL lets compilers assume no NaN or Inf in
 // float arithmetic (so `x != x` may fold to false) and lets max/min/clamp drop a NaN operand,
 // while torch propagates NaN. Kernels whose torch op propagates it say so with these.

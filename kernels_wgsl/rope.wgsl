@@ -9,6 +9,12 @@
 // Entry `rope` rotates x; `rope_pair` rotates x and x1 (a layer's q and k) by the same tables
 // in one grid: invocations [0, a.n) serve x, the next b.n serve x1. Both go through lane() and
 // rotated(), so a pair's elements get exactly the arithmetic of two ropes.
+//
+// Entry `rope_cache` is rope_pair with k' written straight into its cache: invocations
+// [0, q.n) rotate q; the next kw.n walk k's cache write as its strided copy would, each
+// rotating the k element it reads (lane() of that element in k's own layout) and storing it
+// in the cache; the last vw.n copy v into its cache. Each value is bit for bit what rope_pair
+// and slice_scatter_pair would store.
 
 override INTERLEAVED: bool = true;   // false: rotate-half pairs
 
@@ -27,15 +33,25 @@ struct RotationPair {
     b: Rotation,
 }
 
+struct RopeCache {    // rope_cache: q's rotation, k's, then k's and v's cache writes
+    q: Rotation,
+    k: Rotation,
+    kw: CopyParams,   // source offsets in k's (unrotated) layout
+    vw: CopyParams,
+}
+
 // Binding 0 is each entry point's own params (an entry point uses only its own).
 @group(0) @binding(0) var<uniform> p: Rotation;           // rope
 @group(0) @binding(0) var<uniform> pair: RotationPair;    // rope_pair
+@group(0) @binding(0) var<uniform> rc: RopeCache;         // rope_cache
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> cos_t: array<f32>;
 @group(0) @binding(3) var<storage, read> sin_t: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> x1: array<f32>;            // rope_pair's second
-@group(0) @binding(6) var<storage, read_write> out1: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out1: array<f32>;   // rope_cache: k's cache
+@group(0) @binding(7) var<storage, read> v: array<f32>;             // rope_cache's v
+@group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
 
 // Where element i of tensor r finds its pair partner and its table entry. A channel past R
 // is its own partner and reads table entry 0 (any entry: rotated() keeps x_i for it).
@@ -100,5 +116,28 @@ fn rope_pair(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (e < pair.b.n) {
         let l = lane(e, pair.b);
         out1[e] = rotated(x1[e], x1[l.partner], cos_t[l.table], sin_t[l.table], l);
+    }
+}
+
+@compute @workgroup_size(256)
+fn rope_cache(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let i = wg_linear(wid, nwg) * 256u + lid;
+    if (i < rc.q.n) {
+        let l = lane(i, rc.q);
+        out[i] = rotated(x[i], x[l.partner], cos_t[l.table], sin_t[l.table], l);
+        return;
+    }
+    let e = i - rc.q.n;
+    if (e < rc.kw.n) {
+        let o = copy_offsets(e, rc.kw);
+        let l = lane(o.x, rc.k);
+        out1[o.y] = rotated(x1[o.x], x1[l.partner], cos_t[l.table], sin_t[l.table], l);
+        return;
+    }
+    let f = e - rc.kw.n;
+    if (f < rc.vw.n) {
+        let o = copy_offsets(f, rc.vw);
+        v_cache[o.y] = v[o.x];
     }
 }

@@ -140,7 +140,7 @@ def split(ins, outs, attrs, info):
     return [_copy(piece(k), 0, 1 + k, label="split") for k in range(len(outs))]
 
 
-def _rows_copy(src_shape, dst_shape, perm, attrs) -> list:
+def rows_copy(src_shape, dst_shape, perm, attrs) -> list:
     """The CopyParams fields of src (read through the permutation perm; empty: as it is) into
     rows [start, start + n) of dim of dst."""
     perm = perm or list(range(len(src_shape)))
@@ -153,7 +153,7 @@ def _rows_copy(src_shape, dst_shape, perm, attrs) -> list:
 
 def _rows_params(ins, outs, attrs):
     """The strided copy of src (operand 1) into rows of the output (operand 2)."""
-    fields = _rows_copy(ins[1], outs[0], attrs.get("src_dims"), attrs)
+    fields = rows_copy(ins[1], outs[0], attrs.get("src_dims"), attrs)
     return words(*fields), groups(fields[0], WG)
 
 
@@ -176,8 +176,8 @@ def slice_scatter_pair(ins, outs, attrs, info):
     # operands dst, src, dst1, src1, dst'; bindings src, dst' (dst's own buffer), src1 and dst1,
     # written in place as an input: the executors alias only output 0 (delegate/ops/shape.py)
     def sizes(ins, outs, attrs):
-        a = _rows_copy(ins[1], outs[0], attrs["src_dims"], attrs)
-        b = _rows_copy(ins[3], ins[2], attrs["src_dims1"], attrs)
+        a = rows_copy(ins[1], outs[0], attrs["src_dims"], attrs)
+        b = rows_copy(ins[3], ins[2], attrs["src_dims1"], attrs)
         return words(*a, *b), groups(a[0] + b[0], WG)
 
     return [Dispatch("shape", "strided_copy_pair", (1, 4, 3, 2), (4, 2), sizes,

@@ -1,6 +1,7 @@
 // The copy family: permute, expand, slice, select, cat and split are all one strided copy,
 //   dst[dst_offset + offset(i, dst_strides)] = src[src_offset + offset(i, src_strides)]
-// over the linear index i of `shape`. Elements move as u32 bits so copies are exact.
+// over the linear index i of `shape` (CopyParams, copy_offsets: common.wgsl). Elements move
+// as u32 bits so copies are exact.
 // cast and copy convert each element from kind SRC to kind DST on the way (KIND_<NAME>,
 // kernels_wgsl.KIND_PRELUDE), as torch converts: bool -> 0 / 1, to bool x != 0 (NaN and -0
 // tested on the bits: NaN is true, -0 false), float -> int truncates toward 0.
@@ -11,16 +12,6 @@
 
 override SRC: u32 = 0u;
 override DST: u32 = 0u;   // == SRC: the bits as they are
-
-struct CopyParams {
-    n: u32,
-    rank: u32,
-    src_offset: u32,
-    dst_offset: u32,
-    shape: array<vec4<u32>, 2>,
-    src_strides: array<vec4<u32>, 2>,
-    dst_strides: array<vec4<u32>, 2>,
-}
 
 struct CopyPair {
     a: CopyParams,
@@ -34,12 +25,6 @@ struct CopyPair {
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
 @group(0) @binding(3) var<storage, read> src1: array<u32>;          // strided_copy_pair's second
 @group(0) @binding(4) var<storage, read_write> dst1: array<u32>;
-
-// (source, destination) element offsets of linear index i of copy c.
-fn copy_offsets(i: u32, c: CopyParams) -> vec2<u32> {
-    return vec2<u32>(c.src_offset + strided_offset(i, c.rank, c.shape, c.src_strides),
-                     c.dst_offset + strided_offset(i, c.rank, c.shape, c.dst_strides));
-}
 
 fn converted(bits: u32) -> u32 {
     if (SRC == DST || (SRC == KIND_BOOL && DST == KIND_I32)) {

@@ -113,11 +113,12 @@ def test_tiny_llama_writes_each_layers_caches_in_one_dispatch_bit_for_bit_unfuse
     steps = _steps(7, decode=3)   # a prefill, then decode steps (T = 1) on the same caches
     got, described, _ = run_steps(fused, device, steps)
     base, base_described, _ = run_steps(unfused, device, steps)
-    assert described["ops"].count("slice_scatter_pair") == LAYERS
-    assert "slice_scatter_" not in described["ops"]
+    # each layer's pair joins its rope_pair (the rope_cache pass, tests/test_pass_rope_cache.py)
+    assert described["ops"].count("rope_cache") == LAYERS
+    assert "slice_scatter_" not in described["ops"] and "rope_pair" not in described["ops"]
     assert base_described["ops"].count("slice_scatter_") == 2 * LAYERS
-    if device == "webgpu":   # each slice_scatter_ was one strided_copy dispatch
-        assert base_described["dispatches"] - described["dispatches"] == LAYERS
+    if device == "webgpu":   # each slice_scatter_ was one strided_copy dispatch, rope_pair one
+        assert base_described["dispatches"] - described["dispatches"] == 2 * LAYERS
     pos = 0
     for tokens, g, b in zip(steps, got, base):
         assert torch.equal(g, b)

@@ -182,8 +182,9 @@ def _ropes(pm) -> list:
     """(op, attrs) of every rope and rope_pair node of pm's blobs."""
     from delegate import blob
 
-    return [(n.op, n.attrs) for b in _blobs(pm) for n in blob.decode(b).nodes
-            if n.op in ("rope", "rope_pair")]
+    return [(n.op, {k: n.attrs[k] for k in ("style", "rotary_dim")})
+            for b in _blobs(pm) for n in blob.decode(b).nodes
+            if n.op in ("rope", "rope_pair", "rope_cache")]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -192,7 +193,8 @@ def test_pass_fuses_tiny_llama_rotations_within_1e6_of_unfused_and_eager(device,
     overrides, style, rotary_dim, _ = FORMS[form]
     fused, unfused = _llama_pm(form, device), _llama_pm(form, device, passes="none")
     assert undelegated_ops(fused) == []
-    assert _ropes(fused) == [("rope_pair", {"style": style, "rotary_dim": rotary_dim})] * LAYERS
+    # the pair joins the layer's cache writes (the rope_cache pass, test_pass_rope_cache.py)
+    assert _ropes(fused) == [("rope_cache", {"style": style, "rotary_dim": rotary_dim})] * LAYERS
     assert _ropes(unfused) == []
     steps = _steps(7, decode=3)   # a prefill, then decode steps on the same cache
     got, base = run_steps(fused, device, steps)[0], run_steps(unfused, device, steps)[0]
@@ -213,7 +215,8 @@ def test_pass_cuts_webgpu_dispatches_per_layer(form):
     saved_per_layer = FORMS[form][3]
     with_rope = _dispatches(_llama_pm(form, "webgpu"))
     without = _dispatches(_llama_pm(form, "webgpu", passes=ALL_BUT_ROPE))
-    assert without - with_rope == saved_per_layer * LAYERS
+    # + 1: with the rope pass, rope_cache folds the layer's cache-write dispatch in as well
+    assert without - with_rope == (saved_per_layer + 1) * LAYERS
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -223,12 +226,14 @@ def test_pair_rotates_q_and_k_of_a_layer_in_one_dispatch_bit_for_bit_two_ropes(d
     style, steps = FORMS[form][1], _steps(7, decode=2)
     paired = run_steps(_llama_pm(form, device), device, steps)
     alone = run_steps(_llama_unpaired(form, device, monkeypatch), device, steps)
-    assert [op for op in paired[1]["ops"] if op.startswith("rope")] == ["rope_pair"] * LAYERS
+    # paired, the layer's q and k rotations join its cache writes too (rope_cache)
+    assert [op for op in paired[1]["ops"] if op.startswith("rope")] == ["rope_cache"] * LAYERS
     assert [op for op in alone[1]["ops"] if op.startswith("rope")] == ["rope"] * (2 * LAYERS)
     if device == "webgpu":
         kernels = [[d[1] for d in run[2] if d[0].startswith("rope")] for run in (paired, alone)]
-        assert kernels == [[f"rope_pair_{style}"] * LAYERS, [f"rope_{style}"] * (2 * LAYERS)]
-        assert alone[1]["dispatches"] - paired[1]["dispatches"] == LAYERS
+        assert kernels == [[f"rope_cache_{style}"] * LAYERS, [f"rope_{style}"] * (2 * LAYERS)]
+        # two ropes and the cache pair's copy against one rope_cache
+        assert alone[1]["dispatches"] - paired[1]["dispatches"] == 2 * LAYERS
     for p, a in zip(paired[0], alone[0]):
         assert torch.equal(p, a)
 

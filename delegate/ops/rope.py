@@ -14,14 +14,25 @@ rope_pair is two ropes of one layer's q and k in one node: (q, k, cos, sin) -> (
 each output exactly its own rope's (the same arithmetic per element), q and k free to differ
 in shape (GQA head counts). It saves a dispatch per layer on WebGPU.
 
-Neither has an edge target: only the graph pass delegate/passes/rope.py emits them. Their
-kernels are kernels_cpu/rope.py and kernels_wgsl/rope.*.
+rope_cache is a layer's rope_pair and its slice_scatter_pair (delegate/ops/shape.py) in one
+node, for a k that only its cache write reads: (cache, src, cache1, src1, q, cos, sin) ->
+(cache', q'). The two sources are written into rows [start, start + n) of dim of their
+caches, each read through its permutation (src_dims, src_dims1), the one named by `rotated`
+(0: src, 1: src1; that is k, the other v) rotated first in its own layout, exactly as its rope
+would; q' is q's rope. Output 0 is cache updated in place, and cache1 is written in place as
+slice_scatter_pair's input 2 is. Rotated k never exists as a tensor: a decode step's layer
+runs one dispatch for rope and both cache writes instead of two.
+
+None has an edge target: only the graph passes delegate/passes/rope.py and
+delegate/passes/rope_cache.py emit them. Their kernels are kernels_cpu/rope.py and
+kernels_wgsl/rope.*.
 """
 from __future__ import annotations
 
 from delegate.errors import DelegateError, UnsupportedError, expect
 from delegate.ops import register_op
 from delegate.ops._common import one_input
+from delegate.ops.shape import infer_slice_scatter_pair
 
 STYLES = ("interleaved", "half")
 
@@ -54,10 +65,21 @@ def _infer_rope_pair(in_shapes, attrs):
     return _infer_rope([q, cos, sin], attrs) + _infer_rope([k, cos, sin], attrs)
 
 
+def _infer_rope_cache(in_shapes, attrs):
+    one_input(in_shapes, 7)
+    expect(attrs["rotated"] in (0, 1), DelegateError, "rope_cache rotated", "0 or 1",
+           attrs["rotated"])
+    cache, src, cache1, src1, q, cos, sin = in_shapes
+    _infer_rope([(src, src1)[attrs["rotated"]], cos, sin], attrs)
+    return infer_slice_scatter_pair([cache, src, cache1, src1], attrs) + \
+        _infer_rope([q, cos, sin], attrs)
+
+
 def _lower_rope(ctx, node):
     # unreachable through the registry (no targets); says so if a plugin routes a node here
-    raise UnsupportedError(f"node {node.name}: expected rope and rope_pair only from the rope "
-                           f"pass (delegate/passes/rope.py), got an edge node lowered as it")
+    raise UnsupportedError(f"node {node.name}: expected rope, rope_pair and rope_cache only "
+                           f"from the rope and rope_cache passes (delegate/passes/), got an "
+                           f"edge node lowered as it")
 
 
 register_op("rope", (), _infer_rope, _lower_rope,
@@ -68,3 +90,9 @@ register_op("rope_pair", (), _infer_rope_pair, _lower_rope,
             doc="two ropes of one cos/sin pair in one node (a layer's q and k), each output "
                 "bit for bit its own rope's; emitted by the rope pass",
             attrs={"style": "str", "rotary_dim": "int"}, arity=(4, 2))
+register_op("rope_cache", (), _infer_rope_cache, _lower_rope,
+            doc="a layer's rope_pair and slice_scatter_pair in one node: k rotated straight into "
+                "its cache rows, v copied into its own, q rotated; emitted by the rope_cache pass",
+            attrs={"style": "str", "rotary_dim": "int", "dim": "int", "start": "symint",
+                   "src_dims": "ints", "src_dims1": "ints", "rotated": "int"},
+            arity=(7, 2), in_place=True)

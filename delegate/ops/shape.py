@@ -219,21 +219,46 @@ def _emit_write(ctx, dst: int, src: int, dim: int, start, perm: list, out: int) 
 def write_inputs(ctx, node) -> tuple:
     """(dst id, src id, dim, start, src_dims) of a cache write of either edge form, made as its
     own lowering makes them (a broadcast source's expand emitted); the write is the caller's."""
+    dst, d, start = write_target(ctx, node)
+    if write_broadcasts(node):   # index_put broadcasts its values
+        cache, src = _scatter_args(node)[:2]
+        written = _written_shape(node, cache.meta["val"], d)
+        full = ctx.new_value(src.meta["val"].dtype, ctx.dims(written))
+        ctx.emit("expand", [ctx.tensor(src)], [full], sizes=ctx.dims(written))
+        return dst, full, d, start, []
+    src, perm = write_source(node)
+    return dst, ctx.tensor(src), d, start, perm
+
+
+def write_target(ctx, node) -> tuple:
+    """(dst id, dim, start) of a cache write of either edge form."""
     if target_name(node.target) not in _SCATTER_TARGETS:   # llama.update_cache
-        value, cache, start = _update_cache_args(node)
-        value, dims = through_permutes(value)   # the custom cache's transposes there and back
-        return ctx.tensor(cache), ctx.tensor(value), 1, start, dims
-    dst, src, dim, start = _scatter_args(node)
+        _, cache, start = _update_cache_args(node)
+        return ctx.tensor(cache), 1, start
+    dst, _, dim, start = _scatter_args(node)
+    return ctx.tensor(dst), norm_dim(dim, dst.meta["val"].dim()), start
+
+
+def write_source(node) -> tuple:
+    """(the fx node whose value a cache write copies, the permutation it reads it through: []
+    as it is), where the write does not broadcast it: the custom cache's transposes there and
+    back (through_permutes), or k.transpose(1, 2) into the cache, one strided copy."""
+    if target_name(node.target) not in _SCATTER_TARGETS:   # llama.update_cache
+        return through_permutes(_update_cache_args(node)[0])
+    src = _scatter_args(node)[1]
+    if _only_permute_of(src, node):
+        return src.args[0], [int(i) for i in src.args[1]]
+    return src, []
+
+
+def write_broadcasts(node) -> bool:
+    """The cache write's source is broadcast to the written rows (index_put's values)."""
+    if target_name(node.target) not in _SCATTER_TARGETS:
+        return False
+    dst, src, dim, _ = _scatter_args(node)
     d = norm_dim(dim, dst.meta["val"].dim())
-    want = ctx.dims(_written_shape(node, dst.meta["val"], d))
-    src_id, perm = ctx.tensor(src), []
-    if list(ctx.dims(src.meta["val"].shape)) != want:   # index_put broadcasts its values
-        full = ctx.new_value(src.meta["val"].dtype, want)
-        ctx.emit("expand", [src_id], [full], sizes=want)
-        src_id = full
-    elif _only_permute_of(src, node):   # k.transpose(1, 2) into the cache: one strided copy
-        src_id, perm = ctx.tensor(src.args[0]), [int(i) for i in src.args[1]]
-    return ctx.tensor(dst), src_id, d, start, perm
+    return [str(s) for s in src.meta["val"].shape] != \
+        [str(s) for s in _written_shape(node, dst.meta["val"], d)]
 
 
 def cache_write(node) -> "tuple | None":
@@ -258,7 +283,7 @@ def cache_write(node) -> "tuple | None":
 # (OpDef.in_place); dst1's rows are written in place too, and its later readers read dst1
 # itself (the executors alias only output 0), so the cache_write pass
 # (delegate/passes/cache_write.py), its only emitter, pairs states nothing else reads.
-def _infer_slice_scatter_pair(in_shapes, attrs):
+def infer_slice_scatter_pair(in_shapes, attrs):
     one_input(in_shapes, 4)
     _infer_slice_scatter(in_shapes[2:4], {**attrs, "src_dims": attrs["src_dims1"]})
     return _infer_slice_scatter(in_shapes[:2], attrs)
@@ -489,7 +514,7 @@ register_op("slice_scatter_", (), _infer_slice_scatter, _lower_slice_scatter, dt
             doc="slice_scatter into dst's own buffer (emitted where nothing reads dst later)",
             attrs={"dim": "int", "start": "symint", "src_dims": "ints"}, arity=(2, 1),
             in_place=True)
-register_op("slice_scatter_pair", (), _infer_slice_scatter_pair, _lower_slice_scatter_pair,
+register_op("slice_scatter_pair", (), infer_slice_scatter_pair, _lower_slice_scatter_pair,
             dtypes=FOUR_BYTE,
             doc="two slice_scatter_ writes at one position in one node (a layer's k and v cache "
                 "writes), each bit for bit its own; emitted by the cache_write pass",

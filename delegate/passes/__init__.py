@@ -18,6 +18,7 @@ from delegate.passes import residual_add
 from delegate.passes import rms_norm
 from delegate.passes import rms_norm_linear
 from delegate.passes import rope
+from delegate.passes import rope_cache
 from delegate.passes import sdpa_layout
 from delegate.passes import swiglu
 
@@ -30,7 +31,11 @@ PASSES = {"fold_batch_norm": fold_batch_norm.detect, "fuse_linear": fuse_linear.
           # nodes it absorbs
           "rms_norm_linear": rms_norm_linear.detect,
           "rope": rope.detect, "sdpa_layout": sdpa_layout.detect,
-          "cache_write": cache_write.detect}
+          "cache_write": cache_write.detect,
+          # after rope and cache_write: it replaces their rewrites of the nodes it absorbs
+          "rope_cache": rope_cache.detect}
+# A pass that fuses other passes' matches runs only where they run too.
+REQUIRES = {"rope_cache": ("rope", "cache_write")}
 SPEC_KEY = "passes"
 
 
@@ -54,6 +59,6 @@ def rewrites(graph, names) -> dict:
     """fx node -> replacement lowering, from every enabled pass (run in PASSES order)."""
     out: dict = {}
     for name in PASSES:
-        if name in names:
+        if name in names and all(n in names for n in REQUIRES.get(name, ())):
             out.update(PASSES[name](graph))
     return out

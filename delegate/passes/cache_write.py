@@ -29,13 +29,13 @@ from delegate.passes._match import only_feeds, unread_before
 
 def detect(graph) -> dict:
     rewrites = {}
-    for first, second in _pairs(graph):
-        rewrites[first] = _lower_first(first, second)
+    for first, second in pairs(graph):
+        rewrites[first] = lower_first(first, second)
         rewrites[second] = _lower_second(first, second)
     return rewrites
 
 
-def _pairs(graph) -> list:
+def pairs(graph) -> list:
     """(earlier, later) writes of one dim, start and row count into two cache placeholders,
     each earlier write paired with the next such write where unread_before allows."""
     nodes = list(graph.nodes)
@@ -69,7 +69,7 @@ def _own_lowering(ctx, node) -> None:
     (pattern_for(node) or op_for_target(node.target)).lower(ctx, node)
 
 
-def _lower_first(first, second):
+def lower_first(first, second):
     """The earlier write emits nothing: its result is its cache, written by the pair."""
     def lower(ctx, node):
         if not _states(ctx, first, second):
@@ -91,8 +91,12 @@ def _lower_second(first, second):
             return _own_lowering(ctx, node)
         dst1, src1, _, _, perm1 = write_inputs(ctx, first)
         dst, src, dim, start, perm = write_inputs(ctx, node)
-        out = ctx.outputs(node)[1] if pattern_for(node) is not None else ctx.output(node)
-        ctx.emit("slice_scatter_pair", [dst, src, dst1, src1], [out], dim=dim, start=start,
-                 src_dims=perm, src_dims1=perm1)
+        ctx.emit("slice_scatter_pair", [dst, src, dst1, src1], [written(ctx, node)], dim=dim,
+                 start=start, src_dims=perm, src_dims1=perm1)
 
     return lower
+
+
+def written(ctx, node) -> int:
+    """The value of the later write's updated cache, made for the node that writes it."""
+    return ctx.outputs(node)[1] if pattern_for(node) is not None else ctx.output(node)

@@ -54,14 +54,14 @@ ALIAS = "aten.alias_copy.default"
 def detect(graph) -> dict:
     # Matches never overlap: every absorbed node feeds only nodes of its own match.
     rewrites = {}
-    for group in _groups(graph):
+    for group in groups(graph):
         for root, *_, absorbed in group:
             rewrites.update((n, _lower_nothing) for n in [root, *absorbed])
         rewrites[group[-1][0]] = _lower_group(group)
     return rewrites
 
 
-def _groups(graph) -> list:
+def groups(graph) -> list:
     """The matches in graph order, each alone or paired with the next match of the same cos
     and sin nodes, style and rotary_dim (a layer's q and k) where _pairable allows."""
     nodes = list(graph.nodes)
