@@ -92,6 +92,17 @@ fn rotated(xi: f32, xk: f32, c: f32, s: f32, l: Lane) -> f32 {
     return select(xi, select(xc - ps, xc + ps, l.second), l.rotated);
 }
 
+// Element i of x (of x1), rotated by r: every entry point's one path to an output value.
+fn rotated_x(i: u32, r: Rotation) -> f32 {
+    let l = lane(i, r);
+    return rotated(x[i], x[l.partner], cos_t[l.table], sin_t[l.table], l);
+}
+
+fn rotated_x1(i: u32, r: Rotation) -> f32 {
+    let l = lane(i, r);
+    return rotated(x1[i], x1[l.partner], cos_t[l.table], sin_t[l.table], l);
+}
+
 @compute @workgroup_size(256)
 fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -99,8 +110,7 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= p.n) {
         return;
     }
-    let l = lane(i, p);
-    out[i] = rotated(x[i], x[l.partner], cos_t[l.table], sin_t[l.table], l);
+    out[i] = rotated_x(i, p);
 }
 
 @compute @workgroup_size(256)
@@ -108,14 +118,12 @@ fn rope_pair(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
              @builtin(local_invocation_index) lid: u32) {
     let i = wg_linear(wid, nwg) * 256u + lid;
     if (i < pair.a.n) {
-        let l = lane(i, pair.a);
-        out[i] = rotated(x[i], x[l.partner], cos_t[l.table], sin_t[l.table], l);
+        out[i] = rotated_x(i, pair.a);
         return;
     }
     let e = i - pair.a.n;
     if (e < pair.b.n) {
-        let l = lane(e, pair.b);
-        out1[e] = rotated(x1[e], x1[l.partner], cos_t[l.table], sin_t[l.table], l);
+        out1[e] = rotated_x1(e, pair.b);
     }
 }
 
@@ -124,15 +132,13 @@ fn rope_cache(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
               @builtin(local_invocation_index) lid: u32) {
     let i = wg_linear(wid, nwg) * 256u + lid;
     if (i < rc.q.n) {
-        let l = lane(i, rc.q);
-        out[i] = rotated(x[i], x[l.partner], cos_t[l.table], sin_t[l.table], l);
+        out[i] = rotated_x(i, rc.q);
         return;
     }
     let e = i - rc.q.n;
     if (e < rc.kw.n) {
         let o = copy_offsets(e, rc.kw);
-        let l = lane(o.x, rc.k);
-        out1[o.y] = rotated(x1[o.x], x1[l.partner], cos_t[l.table], sin_t[l.table], l);
+        out1[o.y] = rotated_x1(o.x, rc.k);
         return;
     }
     let f = e - rc.kw.n;
