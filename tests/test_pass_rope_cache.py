@@ -190,6 +190,37 @@ class RotatedCaches(torch.nn.Module):
         return (q * 2, self.k_cache * 2, self.v_cache * 2) + extra
 
 
+class RotatedInputCaches(torch.nn.Module):
+    """RotatedCaches' layer writing into caches the caller passes in: not the delegate's
+    states, so neither the pair nor rope_cache may write them in place."""
+
+    def forward(self, k_cache, v_cache, x, input_pos, cos, sin):
+        from executorch.examples.models.llama.rope import apply_rotary_emb
+
+        pos = input_pos[0].item()
+        torch._check(pos >= 0)
+        torch._check(pos + x.shape[1] <= 11)
+        rows = torch.arange(x.shape[1]) + pos
+        v = x[:, :, None] * 3
+        q, k = apply_rotary_emb(x[:, :, None, :4], x[:, :, None, 1:], cos, sin)
+        return (q * 2, torch.ops.aten.index_copy.default(k_cache, 1, rows, k),
+                torch.ops.aten.index_copy.default(v_cache, 1, rows, v))
+
+
+def test_a_rotated_k_into_caller_caches_lowers_as_with_the_pass_off():
+    from tests.test_pass_swiglu import _lower
+
+    t = torch.export.Dim("T", min=1, max=7)
+    angles = torch.randn(3, 2)
+    inputs = [torch.zeros(1, 11, 1, 4), torch.zeros(1, 11, 1, 5), torch.randn(1, 3, 5),
+              torch.tensor([0]), angles.cos(), angles.sin()]
+    on, off = (_lower(RotatedInputCaches(), inputs, "webgpu", passes=p,
+                      dynamic_shapes=(None, None, {1: t}, None, {0: t}, {0: t}))
+               for p in (None, NO_ROPE_CACHE))
+    assert "rope_pair" in _ops(on) and "rope_cache" not in _ops(on)
+    assert _blobs(on) == _blobs(off)
+
+
 def _rotated_pm(model, passes=None):
     from tests.test_pass_swiglu import _lower
 

@@ -31,7 +31,7 @@ def detect(graph) -> dict:
     rewrites = {}
     for first, second in pairs(graph):
         rewrites[first] = lower_first(first, second)
-        rewrites[second] = _lower_second(first, second)
+        rewrites[second] = lower_second(first, second)
     return rewrites
 
 
@@ -58,7 +58,7 @@ def pairs(graph) -> list:
 
 
 # ---- lowering ----------------------------------------------------------------------------------
-def _states(ctx, first, second) -> bool:
+def states(ctx, first, second) -> bool:
     """Both caches are delegate-owned states, which only the pair may write into as an input
     (a state or input placeholder is bound before any call lowers)."""
     return all(ctx.graph.values[ctx.tensor(cache_write(n)[0])].state for n in (first, second))
@@ -72,7 +72,7 @@ def _own_lowering(ctx, node) -> None:
 def lower_first(first, second):
     """The earlier write emits nothing: its result is its cache, written by the pair."""
     def lower(ctx, node):
-        if not _states(ctx, first, second):
+        if not states(ctx, first, second):
             return _own_lowering(ctx, node)
         dst = ctx.tensor(cache_write(node)[0])
         if pattern_for(node) is not None:   # (update_cache's own dummy result, the cache)
@@ -83,11 +83,11 @@ def lower_first(first, second):
     return lower
 
 
-def _lower_second(first, second):
+def lower_second(first, second):
     """slice_scatter_pair at the later write: its cache in place as output 0, then the
     earlier's (inputs made in graph order, as the two writes made them)."""
     def lower(ctx, node):
-        if not _states(ctx, first, second):
+        if not states(ctx, first, second):
             return _own_lowering(ctx, node)
         dst1, src1, _, _, perm1 = write_inputs(ctx, first)
         dst, src, dim, start, perm = write_inputs(ctx, node)

@@ -57,7 +57,7 @@ def detect(graph) -> dict:
     for group in groups(graph):
         for root, *_, absorbed in group:
             rewrites.update((n, _lower_nothing) for n in [root, *absorbed])
-        rewrites[group[-1][0]] = _lower_group(group)
+        rewrites[group[-1][0]] = lower_group(group)
     return rewrites
 
 
@@ -304,7 +304,7 @@ def _match_half(add) -> Optional[tuple]:
 
 
 # ---- lowering ----------------------------------------------------------------------------------
-def _lower_group(group):
+def lower_group(group):
     """rope for one match; rope_pair, writing both roots' outputs, for two."""
     _, _, cos, sin, style, rotary_dim, _ = group[0]
 

@@ -36,8 +36,8 @@ def detect(graph) -> dict:
             rewrites.update((n, lower_nothing) for n in [root, *absorbed])
         rewrites.update((n, lower_nothing) for n in chain)
         rewrites[first] = cache_write.lower_first(first, second)
-        rewrites[second] = lower_nothing
-        rewrites[group[-1][0]] = _lower(q_match, k_match, first, second, rotated)
+        rewrites[second] = _lower_later_write(first, second)
+        rewrites[group[-1][0]] = _lower(group, q_match, k_match, first, second, rotated)
     return rewrites
 
 
@@ -73,9 +73,20 @@ def _chain(write):
         chain.append(users[0])
 
 
-def _lower(q_match, k_match, first, second, rotated):
+def _lower_later_write(first, second):
+    """Nothing where rope_cache wrote the caches; else the write as cache_write lowers it."""
+    def lower(ctx, node):
+        if not cache_write.states(ctx, first, second):
+            cache_write.lower_second(first, second)(ctx, node)
+
+    return lower
+
+
+def _lower(group, q_match, k_match, first, second, rotated):
     """rope_cache at the rope's later root: the later write's cache in place as output 0,
-    then q'; k's write reads k itself, unrotated."""
+    then q'; k's write reads k itself, unrotated. Caches that are not delegate states (a
+    caller's inputs, which cache_write's pair may not write in place either) keep the
+    rope_pair, and their writes lower as the cache_write pass lowers them."""
     q_root, q, cos, sin, style, rotary_dim, _ = q_match
     k = k_match[1]
 
@@ -86,6 +97,8 @@ def _lower(q_match, k_match, first, second, rotated):
         return dst, ctx.tensor(k), dim, start, write_source(write)[1]
 
     def lower(ctx, node):
+        if not cache_write.states(ctx, first, second):
+            return rope.lower_group(group)(ctx, node)
         dst1, src1, _, _, perm1 = sources(ctx, first, rotated == 1)
         dst, src, dim, start, perm = sources(ctx, second, rotated == 0)
         ins = [dst, src, dst1, src1] + [ctx.tensor(t) for t in (q, cos, sin)]
