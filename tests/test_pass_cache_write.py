@@ -210,3 +210,58 @@ def test_writes_into_caller_caches_stay_two_and_lower_byte_identically():
                       dynamic_shapes=(None, None, {1: t}, None)) for p in (None, UNFUSED_SPEC))
     assert "slice_scatter_pair" not in _ops(on) and _ops(on).count("slice_scatter") == 2
     assert _blobs(on) == _blobs(off)
+
+
+# ---- v written and repeated before k (the order torch 2.11 exports ExecuTorch's Llama in) ------
+class RepeatedCaches(torch.nn.Module):
+    """One attention over caches [1, 2, 11, D] (2 KV heads, 4 query heads): v is written, and
+    its heads repeated as ExecuTorch's attention repeats them (repeat_interleave), before k is
+    even computed; then k is written and repeated, and the sdpa reads both repeats. With
+    `v_read`, the repeated v is also returned, so the repeat is a real copy of the cache taken
+    before k's write."""
+
+    def __init__(self, v_read: bool = False):
+        super().__init__()
+        self.v_read = v_read
+        self.register_buffer("k_cache", torch.zeros(1, 2, 11, 4))
+        self.register_buffer("v_cache", torch.zeros(1, 2, 11, 3))
+
+    def forward(self, x, input_pos):
+        pos = input_pos[-1].item()
+        torch._check(pos >= 0)
+        torch._check(pos + x.shape[1] <= 11)
+        rows = torch.arange(x.shape[1]) + pos
+        heads = x.view(1, x.shape[1], 2, 6).transpose(1, 2)   # [1, 2, T, 6]
+        self.v_cache[:, :, rows] = heads[..., :3] * 3
+        v = self.v_cache.repeat_interleave(2, dim=1)
+        self.k_cache[:, :, rows] = heads[..., 2:] - 1
+        k = self.k_cache.repeat_interleave(2, dim=1)
+        q = x.view(1, x.shape[1], 4, 3)[..., :1].expand(1, x.shape[1], 4, 4).transpose(1, 2)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return (y, v * 1.0) if self.v_read else y
+
+
+def _repeated_pm(model, passes=None):
+    t = torch.export.Dim("T", min=1, max=7)
+    return _lower(model, [torch.randn(1, 3, 12), torch.tensor([0])], "webgpu", passes=passes,
+                  dynamic_shapes=({1: t}, None))
+
+
+@pytest.mark.parametrize("device", EXECUTORS)
+def test_a_cache_repeated_for_the_sdpa_before_the_other_write_still_pairs(device):
+    # the sdpa reads the cache itself (its GQA reads head h // 2): the repeat is no read of it
+    pm = _repeated_pm(RepeatedCaches())
+    assert _ops(pm).count("slice_scatter_pair") == 1 and "slice_scatter_" not in _ops(pm)
+    eager, feeds = RepeatedCaches(), [(torch.randn(1, t, 12), torch.tensor([p]))
+                                      for p, t in ((0, 3), (3, 1), (4, 7), (9, 2))]
+    got = run_pte(pm, [list(f) for f in feeds], device)
+    base = run_pte(_repeated_pm(RepeatedCaches(), UNFUSED_SPEC), [list(f) for f in feeds], device)
+    for (x, at), (out,), (b,) in zip(feeds, got, base):
+        assert torch.equal(out, b)
+        torch.testing.assert_close(out, eager(x, at), **tol("model", device))
+
+
+def test_a_cache_repeated_into_a_real_copy_before_the_other_write_stays_two():
+    on, off = (_repeated_pm(RepeatedCaches(v_read=True), p) for p in (None, UNFUSED_SPEC))
+    assert _ops(on).count("slice_scatter_") == 2 and "slice_scatter_pair" not in _ops(on)
+    assert _blobs(on) == _blobs(off)

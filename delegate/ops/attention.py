@@ -125,6 +125,25 @@ def _repeated_heads(x):
     return base, int(e[2])
 
 
+def repeat_reader(x, reader):
+    """The sdpa that reads fx node x as the base of its repeated k or v heads, where `reader`
+    (one of x's users) starts that repeat, else None. The repeat's nodes then emit no
+    dispatch (the sdpa reads x itself, so lowering drops them as dead): x's data is read
+    where the sdpa stands, not where the repeat does."""
+    from delegate.ops.export import target_name
+
+    chain = [reader]
+    while len(chain) < 5 and len(chain[-1].users) == 1:
+        chain.append(next(iter(chain[-1].users)))
+    sdpa = chain[-1]
+    if len(chain) != 5 or sdpa.op != "call_function" or \
+            target_name(sdpa.target) != "aten.scaled_dot_product_attention.default":
+        return None
+    return sdpa if any(o is x and sdpa.args[i] is chain[-2]
+                       for i, o in ((1, sdpa_operands(sdpa)[1]), (2, sdpa_operands(sdpa)[2]))) \
+        else None
+
+
 def _arg_int(node, i):
     return node.args[i] if len(node.args) > i else None
 

@@ -22,12 +22,14 @@ def only_feeds(node, user) -> bool:
     return list(node.users) == [user]
 
 
-def unread_before(node, later, place: dict) -> bool:
+def unread_before(node, later, place: dict, where=None) -> bool:
     """Nothing reads node's value (through getitem where it is a tuple, as a functionalized
     custom op's) before `later` in graph order (place: node -> index). A pass that emits two
-    matches at the later one needs it of the earlier."""
-    readers = [r for u in node.users for r in (u.users if u.target is operator.getitem else [u])]
-    return all(place[r] > place[later] for r in readers)
+    matches at the later one needs it of the earlier. where(value, reader): the node where
+    that reader's read of the value happens, when not at the reader itself (else None)."""
+    reads = [(u, r) if u.target is operator.getitem else (node, u)
+             for u in node.users for r in (u.users if u.target is operator.getitem else [u])]
+    return all(place[(where and where(v, r)) or r] > place[later] for v, r in reads)
 
 
 def product(node) -> Optional[tuple]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from delegate.host_values import same_element_symbols
 from delegate.lowering import sym_text
 from delegate.symexpr import renamed
+from delegate.ops.attention import repeat_reader
 from delegate.ops.export import op_for_target, pattern_for
 from delegate.ops.shape import cache_write, write_inputs
 from delegate.passes._match import only_feeds, unread_before
@@ -49,8 +50,10 @@ def pairs(graph) -> list:
         _, dim, start, rows = found
         key = (dim, renamed(start, names), renamed(sym_text(rows), names))
         first = unpaired.pop(key, None)
-        # the pair writes the earlier cache at the later write: nothing may read it before
-        if first is not None and unread_before(first, node, place):
+        # the pair writes the earlier cache at the later write: nothing may read it before.
+        # An sdpa's repeat of the cache's heads is no read (torch 2.11 orders v's before k's
+        # rope and write; the sdpa reads the cache itself, after both)
+        if first is not None and unread_before(first, node, place, repeat_reader):
             pairs.append((first, node))
         else:
             unpaired[key] = node
