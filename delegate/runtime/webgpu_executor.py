@@ -500,8 +500,8 @@ class WebGpuExecutor:
         """Encode b's next execute while the GPU runs this one: finished and held when b ran
         twice in a row and may hold them (HELD_BINDINGS), else left unfinished in _ahead.
         Held, it is two pieces, the first short one and the rest: nothing is left to encode
-        or finish between their submits, and each piece is a compute pass of its own (a GPU
-        drain at its end) and a submit (a fixed host cost)."""
+        or finish between their submits, and each piece costs a compute pass and a submit
+        of its own (measured above HELD_BINDINGS; why a pass costs is not measured)."""
         if b is self._last and not b.payload.grid_sites and len(self._held) < HELD_BINDINGS:
             encoders = self._encode_pieces(b, held=True)
             self._held.append((b, [encoder.finish() for encoder in encoders]))
