@@ -22,9 +22,11 @@ import torch
 
 from delegate.errors import DelegateError, expect
 from delegate.ops import register_op
-from delegate.ops.export import register_pattern, through_permutes
+from delegate.ops.export import register_pattern, target_name, through_permutes
 from delegate.ops._common import arg, broadcast, claiming_device, one_input
 from delegate.shape_math import SDPA_READ_DIMS
+
+SDPA = "aten.scaled_dot_product_attention.default"
 
 _MASK_DTYPES = (torch.bool, torch.float32)
 
@@ -106,8 +108,6 @@ def _repeated_heads(x):
     """(base, rep) when x [B, H*rep, S, D] is base [B, H, S, D] with each head repeated rep
     times in place (repeat_interleave(dim=1), as ExecuTorch's Llama and HF's repeat_kv build
     it: view(clone(expand(unsqueeze(base, 2), [B, H, rep, S, D])))), else None."""
-    from delegate.ops.export import target_name
-
     def producer(n, *names):
         ok = getattr(n, "op", None) == "call_function" and target_name(n.target) in names
         return n.args[0] if ok and len(n.users) == 1 else None
@@ -130,17 +130,16 @@ def repeat_reader(x, reader):
     (one of x's users) starts that repeat, else None. The repeat's nodes then emit no
     dispatch (the sdpa reads x itself, so lowering drops them as dead): x's data is read
     where the sdpa stands, not where the repeat does."""
-    from delegate.ops.export import target_name
-
     chain = [reader]
-    while len(chain) < 5 and len(chain[-1].users) == 1:
+    for _ in range(4):   # unsqueeze -> expand -> clone -> view -> the sdpa
+        if len(chain[-1].users) != 1:
+            return None
         chain.append(next(iter(chain[-1].users)))
-    sdpa = chain[-1]
-    if len(chain) != 5 or sdpa.op != "call_function" or \
-            target_name(sdpa.target) != "aten.scaled_dot_product_attention.default":
+    view, sdpa = chain[-2:]
+    if sdpa.op != "call_function" or target_name(sdpa.target) != SDPA:
         return None
-    return sdpa if any(o is x and sdpa.args[i] is chain[-2]
-                       for i, o in ((1, sdpa_operands(sdpa)[1]), (2, sdpa_operands(sdpa)[2]))) \
+    _, k, v, _ = sdpa_operands(sdpa)   # it checks the chain is that repeat
+    return sdpa if (k is x and sdpa.args[1] is view) or (v is x and sdpa.args[2] is view) \
         else None
 
 
@@ -196,8 +195,8 @@ def _webgpu_head_dims(node):
     return None
 
 
-register_op("sdpa", ("aten.scaled_dot_product_attention.default",), _infer_sdpa, _lower_sdpa,
-            check=_check_sdpa, keep=("aten.scaled_dot_product_attention.default",),
+register_op("sdpa", (SDPA,), _infer_sdpa, _lower_sdpa,
+            check=_check_sdpa, keep=(SDPA,),
             doc="softmax(q k^T * scale + mask) v; causal, masks, GQA; no dropout",
             attrs={"is_causal": "bool", "scale": "float?", "enable_gqa": "bool",
                    "kv_len": "symint?", "causal_offset": "symint", "q_dims": "ints",

@@ -27,8 +27,9 @@ def unread_before(node, later, place: dict, where=None) -> bool:
     custom op's) before `later` in graph order (place: node -> index). A pass that emits two
     matches at the later one needs it of the earlier. where(value, reader): the node where
     that reader's read of the value happens, when not at the reader itself (else None)."""
-    reads = [(u, r) if u.target is operator.getitem else (node, u)
-             for u in node.users for r in (u.users if u.target is operator.getitem else [u])]
+    reads = []   # (the value read, its reader)
+    for u in node.users:
+        reads += [(u, r) for r in u.users] if u.target is operator.getitem else [(node, u)]
     return all(place[(where and where(v, r)) or r] > place[later] for v, r in reads)
 
 

@@ -26,11 +26,10 @@ from typing import Optional
 
 import torch
 
-from delegate.ops.attention import lower_sdpa, sdpa_operands
+from delegate.ops.attention import SDPA, lower_sdpa, sdpa_operands
 from delegate.passes._match import (is_call as _is, lower_nothing as _lower_nothing,
                                     only_feeds as _only_feeds)
 
-SDPA = "aten.scaled_dot_product_attention.default"
 PERMUTE = "aten.permute_copy.default"
 
 

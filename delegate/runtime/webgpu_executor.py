@@ -522,10 +522,8 @@ class WebGpuExecutor:
     def _encode_pieces(self, b, held: bool = False) -> list:
         """b's dispatches, an encoder per piece (_pieces; held: its first piece, then the
         rest as one), the last with the copies; each left unfinished."""
-        encoders, cut = [], _pieces(b.payload.parts[0])
-        if held and len(cut) > 2:
-            cut = [cut[0], [d for piece in cut[1:] for d in piece]]
-        for piece in cut:
+        part, encoders = b.payload.parts[0], []
+        for piece in _pieces(part, len(part) if held else None):
             encoders.append(self._gpu.device.create_command_encoder())
             self._encode(encoders[-1].begin_compute_pass(), piece)
         self._encode_copies(encoders[-1], b)
@@ -887,13 +885,16 @@ def _same_dispatches(a: list, b: list) -> bool:
                                     for (x, n), (y, m) in zip(a, b))
 
 
-def _pieces(part: list) -> list:
+def _pieces(part: list, every: int | None = None) -> list:
     """The submits of one dispatch list: whole when short; else a first piece of
-    min(half, SPLIT_SUBMIT_MIN) dispatches, then SUBMIT_EVERY at a time."""
+    min(half, SPLIT_SUBMIT_MIN) dispatches, then `every` (default SUBMIT_EVERY) at a time."""
     if len(part) < SPLIT_SUBMIT_MIN:
         return [part]
+    every = every or SUBMIT_EVERY
     first = min(len(part) // 2, SPLIT_SUBMIT_MIN)
-    return [part[:first]] + [part[i:i + SUBMIT_EVERY] for i in range(first, len(part), SUBMIT_EVERY)]
+    return [part[:first]] + [part[i:i + every] for i in range(first, len(part), every)]
+
+
 def _alias_roots(nodes, kernels) -> dict:
     """value id -> the value whose bytes it is: outputs of alias (view) kernels, which run no
     dispatch, and of in-place ops (a cache write), which write into their input 0."""
